@@ -1,0 +1,45 @@
+# One command each: `make demo` runs the main job, `make test` runs every test (unit tests + notebooks).
+# Both create .venv on first use and install everything into it.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# The CPU wheel of torch, and the triton release that torch 2.13's CUDA wheel pins (the CPU wheel brings none).
+TORCH_PIN  := torch==2.13.0
+TRITON_PIN := triton==3.7.1
+
+.PHONY: install test test-fast demo lab figures lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet $(TORCH_PIN) $(TRITON_PIN)
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+test: install
+	HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 $(BIN)/python -m pytest
+
+test-fast: install
+	$(BIN)/python -m pytest tests -m "not slow"
+
+demo: install
+	$(BIN)/python -m paged_attention demo
+
+lab: install
+	$(BIN)/jupyter lab notebooks/
+
+figures: install
+	$(BIN)/python -m paged_attention figures
+
+bench: install
+	$(BIN)/python -m paged_attention bench allocator
+
+lint: install
+	$(BIN)/ruff check paged_attention tests notebooks
+	$(BIN)/ruff format --check paged_attention tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

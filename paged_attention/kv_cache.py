@@ -1,0 +1,192 @@
+"""The KV-cache tensors: how big one token is, how many blocks fit, where new keys and values go.
+
+Every layer of a transformer keeps, for every token it has seen, one key and one value vector per
+KV head. So one token costs
+
+    bytes_per_token = 2 (K and V) x num_layers x num_kv_heads x head_dim x bytes per element
+
+OPT-13B (40 layers, 40 heads of 128, fp16) needs 800 KiB per token, Llama-2-7B 512 KiB; grouped-query
+models such as Llama-3-8B share each KV head between several query heads and need only 128 KiB.
+A 2048-token request on OPT-13B holds 1.6 GiB of KV cache, which is why the KV cache, not the
+weights, decides how many requests a GPU can serve at once.
+
+The cache here is one tensor ``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]``.
+For each layer, ``key_cache`` and ``value_cache`` are ``[num_blocks, block_size, num_kv_heads,
+head_dim]`` views (the "NHD" layout of vLLM's flash backend and FlashInfer). Flattening the first
+two dimensions gives one row per *slot*, ``slot = block_id * block_size + offset``, which is how
+:func:`store_kv` scatters new tokens into their pages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ._checks import check_int, check_positive_int
+from .page_table import BlockCopy
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """The shape of one token's KV state: everything the cache size depends on."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype = torch.float16
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_kv_heads", "head_dim"):
+            check_positive_int(name, getattr(self, name))
+        if not isinstance(self.dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {type(self.dtype).__name__}")
+
+    @classmethod
+    def from_config(cls, config: Any, dtype: torch.dtype | str | None = None) -> KVCacheSpec:
+        """Read layers, KV heads and head size from a transformers ``PretrainedConfig``.
+
+        ``dtype`` defaults to the dtype the config declares, else float16 (how these models are
+        served). Configs without ``num_key_value_heads`` (OPT, GPT-2) use one KV head per query
+        head; configs without ``head_dim`` use ``hidden_size // num_attention_heads``.
+        """
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        num_heads = text_config.num_attention_heads
+        num_kv_heads = getattr(text_config, "num_key_value_heads", None) or num_heads
+        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // num_heads
+        if dtype is None:
+            # transformers >= 4.56 calls it ``dtype``; older releases ``torch_dtype``.
+            name = "dtype" if hasattr(text_config, "dtype") else "torch_dtype"
+            dtype = getattr(text_config, name, None)
+        return cls(text_config.num_hidden_layers, num_kv_heads, head_dim, _as_dtype(dtype or torch.float16))
+
+    @property
+    def bytes_per_token(self) -> int:
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
+
+    def bytes_per_block(self, block_size: int) -> int:
+        return self.bytes_per_token * check_positive_int("block_size", block_size)
+
+    def num_blocks_for_budget(self, budget_bytes: int, block_size: int) -> int:
+        """How many whole blocks of ``block_size`` tokens fit in ``budget_bytes`` of memory."""
+        check_int("budget_bytes", budget_bytes, minimum=0)
+        num_blocks = budget_bytes // self.bytes_per_block(block_size)
+        if num_blocks < 1:
+            raise ValueError(
+                f"budget_bytes={budget_bytes} holds no block: one block of {block_size} tokens "
+                f"needs {self.bytes_per_block(block_size)} bytes"
+            )
+        return num_blocks
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype | str | None = None) -> int:
+    """Bytes of KV cache one token occupies in a model with this transformers config."""
+    return KVCacheSpec.from_config(config, dtype).bytes_per_token
+
+
+def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and isinstance(getattr(torch, dtype.removeprefix("torch."), None), torch.dtype):
+        return getattr(torch, dtype.removeprefix("torch."))
+    raise TypeError(f"dtype must be a torch.dtype or its name such as 'float16', got {dtype!r}")
+
+
+class KVCache:
+    """All layers' paged K/V storage, allocated once up front (the memory the allocator hands out)."""
+
+    def __init__(
+        self, spec: KVCacheSpec, num_blocks: int, block_size: int, device: torch.device | str = "cpu"
+    ) -> None:
+        check_positive_int("num_blocks", num_blocks)
+        check_positive_int("block_size", block_size)
+        self.spec = spec
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (spec.num_layers, 2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
+        self.data = torch.zeros(shape, dtype=spec.dtype, device=device)
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    def key_cache(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s keys, ``[num_blocks, block_size, num_kv_heads, head_dim]`` (a view)."""
+        return self.data[layer, 0]
+
+    def value_cache(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s values, same shape as :meth:`key_cache` (a view)."""
+        return self.data[layer, 1]
+
+    def store(self, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Write new tokens' keys and values of one layer into their slots."""
+        store_kv(key, value, self.key_cache(layer), self.value_cache(layer), slot_mapping)
+
+    def copy_blocks(self, copies: Iterable[BlockCopy]) -> None:
+        """Perform copy-on-write copies in every layer: block ``src``'s K and V into ``dst``."""
+        pairs = [(c.src, c.dst) for c in copies]
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], device=self.data.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.data.device)
+        self.data[:, :, dst] = self.data[:, :, src]
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Scatter ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` into their cache slots.
+
+    Pure PyTorch, in place. ``slot_mapping`` is int64 ``[num_tokens]``; a slot of ``-1`` means
+    "do not store this token" (vLLM uses it for padding). The cache is viewed as
+    ``[num_blocks * block_size, num_kv_heads, head_dim]``, one row per slot.
+    """
+    _check_store_args(key, value, key_cache, value_cache, slot_mapping)
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    num_slots = key_cache.shape[0] * key_cache.shape[1]
+    if slots.numel() and int(slots.max()) >= num_slots:
+        raise ValueError(f"slot_mapping holds slot {int(slots.max())} but the cache has {num_slots} slots")
+    flat_k = key_cache.view(num_slots, *key_cache.shape[2:])
+    flat_v = value_cache.view(num_slots, *value_cache.shape[2:])
+    flat_k[slots] = key[keep].to(key_cache.dtype)
+    flat_v[slots] = value[keep].to(value_cache.dtype)
+
+
+def _check_store_args(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    if key.dim() != 3 or key.shape != value.shape:
+        raise ValueError(
+            "key and value must both be [num_tokens, num_kv_heads, head_dim], "
+            f"got {tuple(key.shape)} and {tuple(value.shape)}"
+        )
+    if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
+        raise ValueError(
+            "key_cache and value_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], "
+            f"got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
+        )
+    if key.shape[1:] != key_cache.shape[2:]:
+        raise ValueError(
+            f"key is {tuple(key.shape)} but the cache holds (num_kv_heads, head_dim)={tuple(key_cache.shape[2:])}"
+        )
+    if slot_mapping.dtype != torch.int64 or slot_mapping.shape != (key.shape[0],):
+        raise ValueError(
+            f"slot_mapping must be int64 [num_tokens={key.shape[0]}], "
+            f"got {slot_mapping.dtype} {tuple(slot_mapping.shape)}"
+        )
