@@ -77,21 +77,22 @@ class MemoryReport:
         return "\n".join([head, *rows])
 
 
-def paged_memory_report(page_tables: Sequence[PageTable], allocator: BlockAllocator) -> MemoryReport:
+def paged_memory_report(
+    page_tables: Sequence[PageTable], allocator: BlockAllocator, block_size: int
+) -> MemoryReport:
     """Account for every slot of a paged cache, counting each physical block once.
 
     A block's written slots are the most any owner has written into it (owners of a shared block
     agree, because copy-on-write runs before anyone writes into a shared block). The rest of an
     allocated block is internal fragmentation; blocks in the free queue are free.
     """
-    block_sizes = {t.block_size for t in page_tables}
-    if len(block_sizes) > 1:
-        raise ValueError(f"all page tables must share one block_size, got {sorted(block_sizes)}")
-    block_size = block_sizes.pop() if block_sizes else 1
+    check_positive_int("block_size", block_size)
     filled: dict[int, int] = {}
     for table in page_tables:
         if table.allocator is not allocator:
             raise ValueError("every page table must draw from the allocator passed in")
+        if table.block_size != block_size:
+            raise ValueError(f"every page table must have block_size={block_size}, got {table.block_size}")
         for index, block_id in enumerate(table.block_ids):
             in_block = min(block_size, table.num_tokens - index * block_size)
             filled[block_id] = max(filled.get(block_id, 0), in_block)
