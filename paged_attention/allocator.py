@@ -217,7 +217,8 @@ class BlockAllocator:
         check_int("block_id", block_id)
         if not 0 <= block_id < self.num_blocks:
             raise ValueError(
-                f"{op}(block {block_id}): unknown block id; this allocator owns blocks 0..{self.num_blocks - 1}"
+                f"{op}(block {block_id}): unknown block id; "
+                f"this allocator owns blocks 0..{self.num_blocks - 1}"
             )
         return self.blocks[block_id]
 

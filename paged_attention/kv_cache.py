@@ -183,7 +183,8 @@ def _check_store_args(
         )
     if key.shape[1:] != key_cache.shape[2:]:
         raise ValueError(
-            f"key is {tuple(key.shape)} but the cache holds (num_kv_heads, head_dim)={tuple(key_cache.shape[2:])}"
+            f"key is {tuple(key.shape)} but the cache holds "
+            f"(num_kv_heads, head_dim)={tuple(key_cache.shape[2:])}"
         )
     if slot_mapping.dtype != torch.int64 or slot_mapping.shape != (key.shape[0],):
         raise ValueError(

@@ -81,10 +81,7 @@ class PageTable:
 
     def needs_copy_on_write(self) -> bool:
         """True when the next token would land in a partly filled block that another table shares."""
-        return (
-            self.num_tokens % self.block_size != 0
-            and self.allocator.ref_count(self.block_ids[-1]) > 1
-        )
+        return self.num_tokens % self.block_size != 0 and self.allocator.ref_count(self.block_ids[-1]) > 1
 
     def blocks_needed(self, num_new_tokens: int) -> int:
         """Fresh blocks that appending ``num_new_tokens`` would take from the allocator."""

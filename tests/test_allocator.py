@@ -75,7 +75,9 @@ def test_bad_input_names_the_block_and_the_rule(call, error, message):
         call(BlockAllocator(4))
 
 
-@pytest.mark.parametrize(("size", "error"), [(0, ValueError), (-3, ValueError), (2.0, TypeError), (True, TypeError)])
+@pytest.mark.parametrize(
+    ("size", "error"), [(0, ValueError), (-3, ValueError), (2.0, TypeError), (True, TypeError)]
+)
 def test_num_blocks_must_be_a_positive_int(size, error):
     with pytest.raises(error, match="num_blocks"):
         BlockAllocator(size)

@@ -14,12 +14,18 @@ def opt_13b() -> OPTConfig:
 
 
 def llama_2_7b() -> LlamaConfig:
-    return LlamaConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, intermediate_size=11008)
+    return LlamaConfig(
+        hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, intermediate_size=11008
+    )
 
 
 def llama_3_8b() -> LlamaConfig:
     return LlamaConfig(
-        hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
     )
 
 
@@ -35,7 +41,7 @@ def test_spec_reads_declared_dtype_and_defaults_to_fp16():
     assert KVCacheSpec.from_config(config).dtype == torch.float16
     config.dtype = torch.bfloat16
     assert KVCacheSpec.from_config(config).dtype == torch.bfloat16
-    with pytest.raises(TypeError, match="dtype must be a torch.dtype or its name"):
+    with pytest.raises(TypeError, match=r"dtype must be a torch\.dtype or its name"):
         KVCacheSpec.from_config(config, "float99")
 
 
@@ -53,7 +59,7 @@ def test_blocks_for_a_budget_opt_13b_on_a100():
 def test_spec_rejects_bad_fields():
     with pytest.raises(ValueError, match="head_dim must be a positive int"):
         KVCacheSpec(2, 2, 0)
-    with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
+    with pytest.raises(TypeError, match=r"dtype must be a torch\.dtype"):
         KVCacheSpec(2, 2, 4, "float16")
 
 

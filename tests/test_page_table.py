@@ -111,7 +111,7 @@ def test_bad_input():
 def _three_tables():
     alloc = BlockAllocator(16)
     tables = [PageTable(alloc, block_size=4) for _ in range(3)]
-    for table, n in zip(tables, (5, 1, 8)):
+    for table, n in zip(tables, (5, 1, 8), strict=True):
         table.append_tokens(n)
     return tables
 

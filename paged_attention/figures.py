@@ -1,0 +1,42 @@
+"""Regenerate ``figures/``: every figure is drawn by a notebook through :mod:`paged_attention.plots`.
+
+The notebooks are the one place each figure is built, step by step, so this command simply runs
+them (on copies; the stored notebook outputs are left alone) and lets them save their figures.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from .plots import figures_dir, repo_root
+
+
+def notebook_paths() -> list[Path]:
+    root = repo_root()
+    if root is None:
+        raise FileNotFoundError("figures are drawn by the notebooks of a source checkout; none was found")
+    return sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def regenerate_figures(timeout: int = 600) -> None:
+    try:
+        import nbformat
+        from nbclient import NotebookClient
+    except ImportError as err:  # pragma: no cover - dev extra missing
+        raise SystemExit("`figures` runs the notebooks: pip install -e '.[dev]' first") from err
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    for path in notebook_paths():
+        start = time.perf_counter()
+        notebook = nbformat.read(path, as_version=4)
+        NotebookClient(
+            notebook,
+            timeout=timeout,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(path.parent)}},
+        ).execute()
+        print(f"{path.name}: ran in {time.perf_counter() - start:.1f} s")
+    print(f"figures in {figures_dir()}:")
+    for png in sorted(figures_dir().glob("*.png")):
+        print(f"  {png.name}")

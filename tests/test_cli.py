@@ -1,0 +1,73 @@
+import json
+
+import pytest
+
+from paged_attention.__main__ import main
+from paged_attention.allocator import BlockAllocator
+from paged_attention.figures import notebook_paths
+from paged_attention.memory_map import format_memory_map
+from paged_attention.page_table import PageTable
+
+
+def test_demo_walks_through_fork_copy_on_write_and_frees_everything(capsys):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "copy-on-write: block" in out
+    assert "read its keys back through its page table: OK" in out
+    assert "16/16 blocks free again" in out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_demo_runs_for_other_seeds(seed, capsys):
+    assert main(["demo", "--seed", str(seed)]) == 0
+    assert "blocks free again" in capsys.readouterr().out
+
+
+def test_bench_allocator_prints_a_table_and_writes_json(tmp_path, capsys):
+    out_json = tmp_path / "alloc.json"
+    main(
+        [
+            "bench",
+            "allocator",
+            "--sizes",
+            "64",
+            "4096",
+            "--pairs",
+            "3000",
+            "--repeats",
+            "1",
+            "--json",
+            str(out_json),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert "pairs/s" in out and "cost per pair at 4,096 blocks" in out
+    rows = json.loads(out_json.read_text())
+    assert {(r["num_blocks"], r["workload"]) for r in rows} == {
+        (n, w) for n in (64, 4096) for w in ("ordered", "scrambled", "mixed")
+    }
+    assert all(r["pairs_per_second"] > 0 for r in rows)
+
+
+def test_unknown_arguments_are_rejected():
+    with pytest.raises(SystemExit):
+        main(["demo", "--nope"])
+    with pytest.raises(SystemExit):
+        main(["bench", "nothing"])
+
+
+def test_figures_command_finds_the_numbered_notebooks():
+    names = [p.name for p in notebook_paths()]
+    assert names[:2] == ["01_kv_cache.ipynb", "02_allocator_and_page_table.ipynb"]
+
+
+def test_memory_map_marks_tokens_tails_shared_and_free():
+    alloc = BlockAllocator(4)
+    a = PageTable(alloc, 4)
+    a.append_tokens(6)
+    b = a.fork()
+    c = PageTable(alloc, 4)
+    c.append_tokens(1)
+    assert format_memory_map(alloc, [a, b, c], 4) == "   0 |****|**aa|Cccc|....|"
+    with pytest.raises(ValueError, match="one single character per page table"):
+        format_memory_map(alloc, [a], 4, labels=["AB"])
