@@ -1,0 +1,112 @@
+"""Attention backends: the Triton kernels, or the pure-PyTorch reference.
+
+``backend="auto"`` compiles the Triton kernels on CUDA tensors and uses the PyTorch reference on
+the CPU, where it is far faster than interpreting Triton. ``backend="triton"`` on the CPU runs the
+very same kernel code through **Triton's interpreter**, which executes each program with NumPy:
+slow (milliseconds per loop iteration), but it lets a laptop run, test and step through GPU code.
+
+Why this module touches an environment variable: Triton decides whether a ``@triton.jit`` function
+is compiled or interpreted when the decorator runs, by reading ``TRITON_INTERPRET``, not when the
+kernel is launched. So if there is no GPU, ``TRITON_INTERPRET=1`` must be set *before* the kernel
+modules are imported. Importing them only through this package guarantees that order; the
+variable affects only Triton functions decorated after it is set. To force the interpreter on a
+machine with a GPU, set ``TRITON_INTERPRET=1`` yourself before importing ``paged_attention``.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import Literal
+
+import torch
+
+from ..kv_cache import store_kv as _torch_store_kv
+from . import reference
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+Backend = Literal["auto", "triton", "torch"]
+BACKENDS = ("auto", "triton", "torch")
+
+
+def triton_interpreted() -> bool:
+    """True when Triton kernels run in the interpreter (on CPU tensors) instead of compiled."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """``"auto"`` -> ``"triton"`` on CUDA, ``"torch"`` elsewhere; checks that the choice can run."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if backend == "triton" and device.type != "cuda" and not triton_interpreted():
+        raise ValueError(
+            f"the triton backend needs CUDA tensors, got {device}; on a CPU set TRITON_INTERPRET=1 "
+            "before importing paged_attention to use Triton's interpreter"
+        )
+    return backend
+
+
+def _triton() -> tuple[ModuleType, ModuleType, ModuleType]:
+    from . import decode, prefill, store  # imported late: after TRITON_INTERPRET is settled
+
+    return decode, prefill, store
+
+
+def paged_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float | None = None,
+    *,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """Decode attention: ``query[num_seqs, num_heads, head_dim]``, one token per sequence."""
+    if resolve_backend(backend, query.device) == "torch":
+        return reference.paged_decode(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    return _triton()[0].paged_decode(query, key_cache, value_cache, block_tables, seq_lens, scale)
+
+
+def paged_prefill(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float | None = None,
+    *,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """Causal attention of packed new tokens ``query[num_tokens, num_heads, head_dim]``."""
+    if resolve_backend(backend, query.device) == "torch":
+        return reference.paged_prefill(
+            query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale
+        )
+    return _triton()[1].paged_prefill(
+        query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale
+    )
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    backend: Backend = "auto",
+) -> None:
+    """Write ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` into their slots (``-1``: skip)."""
+    if resolve_backend(backend, key.device) == "torch":
+        _torch_store_kv(key, value, key_cache, value_cache, slot_mapping)
+    else:
+        _triton()[2].store_kv(key, value, key_cache, value_cache, slot_mapping)
+
+
+__all__ = ["BACKENDS", "paged_decode", "paged_prefill", "resolve_backend", "store_kv", "triton_interpreted"]

@@ -1,0 +1,83 @@
+"""The inner loop both attention kernels share: online softmax over tiles gathered through pages.
+
+``attend_tiles`` takes a tile of queries (one row per query head and token the program owns) and
+walks positions ``[start, end)`` of one sequence, ``TILE`` tokens at a time:
+
+* token ``pos`` lives in physical block ``block_table[pos // BLOCK_SIZE]`` at offset
+  ``pos % BLOCK_SIZE``: the kernel loads the block id of every token of the tile (neighbours share
+  it, so that is a cache hit) and gathers keys and values from wherever their pages are. The tile is
+  independent of the block size, so a block size of 8 still gives ``tl.dot`` the 16 columns an
+  NVIDIA tensor core needs;
+* online softmax keeps a running maximum ``m``, running sum ``l`` and running output ``acc`` per
+  row and rescales them whenever the maximum grows, so no row ever needs all its scores at once
+  (Milakov & Gimelshein 2018; FlashAttention). Scores are in log2 units (the caller folds
+  ``log2(e)`` into the scale) because ``exp2`` is the cheaper instruction on GPUs;
+* masks, not branches: head sizes such as 80 are padded to a power of two (``tl.arange`` needs
+  one) and masked, positions at or past ``end`` are never loaded, and with ``CAUSAL`` a row at
+  absolute position ``q_pos`` sees only positions ``<= q_pos``.
+
+Everything loaded is converted to float32 at once: the interpreter computes bf16 arithmetic
+wrongly, and float32 accumulation is what every production kernel does anyway.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+NEG_BIG = -1.0e30  # a finite "minus infinity" for m: keeps exp2(m_old - m_new) free of inf - inf
+
+
+@triton.jit
+def attend_tiles(
+    q,  # [ROWS, HEAD_PAD] float32, already multiplied by scale * log2(e)
+    q_pos,  # [ROWS] absolute position of each row's query (read only when CAUSAL)
+    key_cache_ptr,
+    value_cache_ptr,
+    block_table_ptr,  # this sequence's row of the block table
+    kv_head,
+    start,
+    end,  # attend to positions [start, end)
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
+    """Return ``acc [ROWS, HEAD_PAD]``, ``m [ROWS]``, ``l [ROWS]``; the output is ``acc / l``."""
+    ROWS: tl.constexpr = q.shape[0]
+    d = tl.arange(0, HEAD_PAD)
+    d_mask = d < HEAD_DIM
+    m = tl.full([ROWS], NEG_BIG, tl.float32)
+    l = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, HEAD_PAD], tl.float32)
+    for tile_start in range(start, end, TILE):
+        pos = tile_start + tl.arange(0, TILE)
+        in_range = pos < end
+        block = tl.load(block_table_ptr + pos // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
+        offset = pos % BLOCK_SIZE
+        kv_mask = in_range[:, None] & d_mask[None, :]
+        k_rows = key_cache_ptr + block * stride_kb + offset * stride_kt + kv_head * stride_kh
+        k = tl.load(k_rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        v_rows = value_cache_ptr + block * stride_vb + offset * stride_vt + kv_head * stride_vh
+        v = tl.load(v_rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee")  # [ROWS, TILE]
+        visible = in_range[None, :]
+        if CAUSAL:
+            visible = visible & (pos[None, :] <= q_pos[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        m = m_new
+    return acc, m, l
