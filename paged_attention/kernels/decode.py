@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .online_softmax import LOG2E, NEG_BIG, attend_tiles
+from .online_softmax import LOG2E, NEG_BIG, attend_tiles, default_tile
 from .validation import check_cache, check_tables, default_scale
 
 PARTITION_SIZE = 512  # tokens per split-K partition (a multiple of every TILE below)
@@ -127,11 +127,6 @@ def _reduce_kernel(
     tl.store(
         out_ptr + seq * stride_os + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM
     )
-
-
-def default_tile(block_size: int) -> int:
-    """Tokens per loop iteration: at least 16 (tensor-core ``tl.dot``), at least one whole block."""
-    return max(16, min(block_size, 64))
 
 
 def should_split_k(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int = 132) -> bool:

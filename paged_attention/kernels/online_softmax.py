@@ -81,3 +81,8 @@ def attend_tiles(
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m = m_new
     return acc, m, l
+
+
+def default_tile(block_size: int) -> int:
+    """Tokens per loop iteration: at least 16 (the smallest tensor-core ``tl.dot``), up to 64."""
+    return max(16, min(block_size, 64))

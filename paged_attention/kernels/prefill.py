@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .online_softmax import LOG2E, attend_tiles
+from .online_softmax import LOG2E, attend_tiles, default_tile
 from .validation import check_cache, check_query_start_loc, check_tables, default_scale
 
 
@@ -71,7 +71,7 @@ def _prefill_kernel(
         q_ptrs = query_ptr + (q_start + token)[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :]
         q = tl.load(q_ptrs, mask=row_mask, other=0.0).to(tl.float32) * qk_scale
         last_query = context + tl.minimum(q_len, (q_tile + 1) * BLOCK_M)  # one past the last position
-        acc, m, l = attend_tiles(
+        acc, _m, l = attend_tiles(
             q, context + token, key_cache_ptr, value_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head,
             0, last_query, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
             HEAD_DIM, HEAD_PAD, BLOCK_SIZE, TILE, CAUSAL=True,
@@ -115,7 +115,8 @@ def paged_prefill(
         default_scale(head_dim, scale) * LOG2E,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         *key_cache.stride()[:3], *value_cache.stride()[:3], block_tables.stride(0),
-        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, HEAD_PAD=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_SIZE=block_size, TILE=max(16, min(block_size, 64)), BLOCK_M=block_m,
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
+        HEAD_PAD=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
+        TILE=default_tile(block_size), BLOCK_M=block_m,
     )  # fmt: skip
     return out
