@@ -2,7 +2,7 @@
 
 * ``demo``: the main job; today a live walkthrough of paged KV memory (allocator, page tables,
   fork and copy-on-write) with a memory map after every step.
-* ``bench <name>``: benchmarks (``allocator``); each prints ratios measured side by side.
+* ``bench <name>``: benchmarks (``allocator``, ``kernel``); each measures side by side in one run.
 * ``figures``: regenerate every figure under ``figures/`` by running the notebooks that draw them.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-BENCHMARKS = ("allocator",)
+BENCHMARKS = ("allocator", "kernel")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,9 +31,9 @@ def main(argv: list[str] | None = None) -> int:
 
         run_demo(seed=opts.seed)
     elif opts.command == "bench":
-        from .benchmarks import allocator
+        from .benchmarks import allocator, kernel
 
-        {"allocator": allocator.main}[opts.name](rest)
+        {"allocator": allocator.main, "kernel": kernel.main}[opts.name](rest)
     elif opts.command == "figures":
         from .figures import regenerate_figures
 

@@ -71,3 +71,14 @@ def test_memory_map_marks_tokens_tails_shared_and_free():
     assert format_memory_map(alloc, [a, b, c], 4) == "   0 |****|**aa|Cccc|....|"
     with pytest.raises(ValueError, match="one single character per page table"):
         format_memory_map(alloc, [a], 4, labels=["AB"])
+
+
+def test_bench_kernel_smoke_run_on_cpu(tmp_path, capsys):
+    main(["bench", "kernel", "--smoke", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "smoke run" in out
+    passed, total = json.loads((tmp_path / "kernel_bandwidth.json").read_text())["correct"]
+    assert passed == total > 0
+    rows = json.loads((tmp_path / "kernel_bandwidth.json").read_text())["rows"]
+    assert {r["method"] for r in rows} >= {"paged", "contiguous", "sdpa"}
+    assert (tmp_path / "kernel_bandwidth.png").stat().st_size > 0

@@ -250,7 +250,7 @@ def test_decode_bad_input(fn, mutate, error, message):
     ],
 )
 def test_prefill_bad_query_start_loc(fn, loc, message):
-    q, case = _good()
+    _, case = _good()
     with pytest.raises((TypeError, ValueError), match=message):
         fn(torch.randn(4, 4, 64), case.key_cache, case.value_cache, case.block_tables, case.seq_lens, loc)
 

@@ -5,35 +5,28 @@ the CPU, where it is far faster than interpreting Triton. ``backend="triton"`` o
 very same kernel code through **Triton's interpreter**, which executes each program with NumPy:
 slow (milliseconds per loop iteration), but it lets a laptop run, test and step through GPU code.
 
-Why this module touches an environment variable: Triton decides whether a ``@triton.jit`` function
-is compiled or interpreted when the decorator runs, by reading ``TRITON_INTERPRET``, not when the
-kernel is launched. So if there is no GPU, ``TRITON_INTERPRET=1`` must be set *before* the kernel
-modules are imported. Importing them only through this package guarantees that order; the
-variable affects only Triton functions decorated after it is set. To force the interpreter on a
-machine with a GPU, set ``TRITON_INTERPRET=1`` yourself before importing ``paged_attention``.
+Why importing ``paged_attention`` sets an environment variable: Triton decides whether a
+``@triton.jit`` function is compiled or interpreted when the decorator runs, by reading
+``TRITON_INTERPRET``, not when the kernel is launched, and ``import triton`` already decorates
+Triton's own helpers. So without a GPU, ``TRITON_INTERPRET=1`` must be set before Triton is first
+imported: :mod:`paged_attention._triton_env` does that when ``paged_attention`` is imported first,
+and the kernel modules are imported only later, on first use. To force the interpreter on a machine
+with a GPU, set ``TRITON_INTERPRET=1`` yourself before importing anything.
 """
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 from typing import Literal
 
 import torch
 
+from .._triton_env import triton_interpreted
 from ..kv_cache import store_kv as _torch_store_kv
 from . import reference
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
 Backend = Literal["auto", "triton", "torch"]
 BACKENDS = ("auto", "triton", "torch")
-
-
-def triton_interpreted() -> bool:
-    """True when Triton kernels run in the interpreter (on CPU tensors) instead of compiled."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -44,8 +37,8 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         return "triton" if device.type == "cuda" else "torch"
     if backend == "triton" and device.type != "cuda" and not triton_interpreted():
         raise ValueError(
-            f"the triton backend needs CUDA tensors, got {device}; on a CPU set TRITON_INTERPRET=1 "
-            "before importing paged_attention to use Triton's interpreter"
+            f"the triton backend needs CUDA tensors, got {device}; to use Triton's interpreter on a CPU, "
+            "import paged_attention before triton, or set TRITON_INTERPRET=1 before importing either"
         )
     return backend
 
