@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     figures = sub.add_parser("figures", help="regenerate figures/ from the notebooks")
     figures.add_argument("--timeout", type=int, default=600, help="seconds allowed per notebook")
     opts, rest = parser.parse_known_args(argv)
+    if rest and opts.command != "bench":  # bench passes the rest to the benchmark's own parser
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     if opts.command == "demo":
         from .demo import run_demo
@@ -38,8 +40,6 @@ def main(argv: list[str] | None = None) -> int:
         from .figures import regenerate_figures
 
         regenerate_figures(timeout=opts.timeout)
-    if rest and opts.command != "bench":
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return 0
 
 

@@ -134,9 +134,29 @@ class KVCache:
         pairs = [(c.src, c.dst) for c in copies]
         if not pairs:
             return
+        self._check_block_ids(pairs, self, self)
         src = torch.tensor([s for s, _ in pairs], device=self.data.device)
         dst = torch.tensor([d for _, d in pairs], device=self.data.device)
         self.data[:, :, dst] = self.data[:, :, src]
+
+    def copy_blocks_to(self, other: KVCache, pairs: Iterable[tuple[int, int]]) -> None:
+        """Copy block ``src`` of this cache into block ``dst`` of ``other`` (swapping to/from CPU)."""
+        pairs = list(pairs)
+        if not pairs:
+            return
+        self._check_block_ids(pairs, self, other)
+        src = torch.tensor([s for s, _ in pairs], device=self.data.device)
+        dst = torch.tensor([d for _, d in pairs], device=other.data.device)
+        other.data[:, :, dst] = self.data[:, :, src].to(other.data.device)
+
+    @staticmethod
+    def _check_block_ids(pairs: list[tuple[int, int]], source: KVCache, target: KVCache) -> None:
+        for src, dst in pairs:
+            if not (0 <= src < source.num_blocks and 0 <= dst < target.num_blocks):
+                raise ValueError(
+                    f"block copy {src} -> {dst} is out of range: source blocks 0..{source.num_blocks - 1}, "
+                    f"target blocks 0..{target.num_blocks - 1}"
+                )
 
 
 def store_kv(
@@ -152,19 +172,17 @@ def store_kv(
     "do not store this token" (vLLM uses it for padding). The cache is viewed as
     ``[num_blocks * block_size, num_kv_heads, head_dim]``, one row per slot.
     """
-    _check_store_args(key, value, key_cache, value_cache, slot_mapping)
+    check_store_args(key, value, key_cache, value_cache, slot_mapping)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
     num_slots = key_cache.shape[0] * key_cache.shape[1]
-    if slots.numel() and int(slots.max()) >= num_slots:
-        raise ValueError(f"slot_mapping holds slot {int(slots.max())} but the cache has {num_slots} slots")
     flat_k = key_cache.view(num_slots, *key_cache.shape[2:])
     flat_v = value_cache.view(num_slots, *value_cache.shape[2:])
     flat_k[slots] = key[keep].to(key_cache.dtype)
     flat_v[slots] = value[keep].to(value_cache.dtype)
 
 
-def _check_store_args(
+def check_store_args(
     key: torch.Tensor,
     value: torch.Tensor,
     key_cache: torch.Tensor,
@@ -191,3 +209,13 @@ def _check_store_args(
             f"slot_mapping must be int64 [num_tokens={key.shape[0]}], "
             f"got {slot_mapping.dtype} {tuple(slot_mapping.shape)}"
         )
+    if not key.device == value.device == key_cache.device == value_cache.device == slot_mapping.device:
+        raise ValueError("key, value, the caches and slot_mapping must all be on one device")
+    if slot_mapping.numel():
+        num_slots = key_cache.shape[0] * key_cache.shape[1]
+        low, high = int(slot_mapping.min()), int(slot_mapping.max())
+        if low < -1 or high >= num_slots:
+            bad = low if low < -1 else high
+            raise ValueError(
+                f"slot_mapping holds slot {bad}: slots are 0..{num_slots - 1}, or -1 to skip a token"
+            )

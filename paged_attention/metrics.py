@@ -39,6 +39,12 @@ class MemoryReport:
     shared_blocks: int = 0
 
     def __post_init__(self) -> None:
+        if self.total_slots < 1:
+            raise ValueError(f"total_slots must be positive, got {self.total_slots}")
+        for name in ("token_slots", "reserved_slots", "internal_fragmentation_slots",
+                     "external_fragmentation_slots", "free_slots", "shared_blocks"):  # fmt: skip
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         parts = (
             self.token_slots
             + self.reserved_slots
@@ -67,9 +73,8 @@ class MemoryReport:
 
     @property
     def token_fraction_of_used(self) -> float:
-        """Share of the handed-out memory that holds real token states (the paper's efficiency)."""
-        used = self.total_slots - self.free_slots
-        return self.token_slots / used if used else 1.0
+        """Share of the handed-out memory (``used_slots``) that holds token states."""
+        return self.token_slots / self.used_slots if self.used_slots else 1.0
 
     def __str__(self) -> str:
         rows = [f"{name:>24}: {frac:6.1%}" for name, frac in self.fractions().items()]
@@ -88,6 +93,7 @@ def paged_memory_report(
     """
     check_positive_int("block_size", block_size)
     filled: dict[int, int] = {}
+    holders: dict[int, int] = {}
     for table in page_tables:
         if table.allocator is not allocator:
             raise ValueError("every page table must draw from the allocator passed in")
@@ -96,6 +102,14 @@ def paged_memory_report(
         for index, block_id in enumerate(table.block_ids):
             in_block = min(block_size, table.num_tokens - index * block_size)
             filled[block_id] = max(filled.get(block_id, 0), in_block)
+            holders[block_id] = holders.get(block_id, 0) + 1
+    if allocator.num_used_blocks != len(holders) or any(
+        allocator.ref_count(b) != n for b, n in holders.items()
+    ):
+        raise ValueError(
+            "the page tables given do not account for every block in use (pass all of them): "
+            "each block's ref count must equal the number of tables holding it"
+        )
     total = allocator.num_blocks * block_size
     tokens = sum(filled.values())
     allocated = allocator.num_used_blocks * block_size
@@ -126,9 +140,9 @@ def max_reservation_breakdown(
     all and has generated ``steps_done[i]`` of them so far (capped at its output length).
     """
     check_positive_int("max_len", max_len)
+    rows = []
     if not len(prompt_lens) == len(output_lens) == len(steps_done):
         raise ValueError("prompt_lens, output_lens and steps_done must have the same length")
-    rows = []
     for p, o, s in zip(prompt_lens, output_lens, steps_done, strict=True):
         check_int("prompt_len", p, minimum=1)
         check_int("output_len", o, minimum=1)

@@ -101,6 +101,8 @@ class PageTable:
         block needed, :class:`NoFreeBlocksError` is raised and the table is unchanged.
         """
         needed = self.blocks_needed(num_new_tokens)
+        if num_new_tokens == 0:
+            return AppendResult([], None)
         if needed > self.allocator.num_free_blocks:
             raise NoFreeBlocksError(needed, self.allocator.num_free_blocks)
         copy = self._copy_on_write() if self.needs_copy_on_write() else None

@@ -72,6 +72,16 @@ class PagedMemoryMachine(RuleBasedStateMachine):
         self.live[id(child)] = (child, list(self.live[id(table)][1]))
         return child
 
+    @rule(block_id=st.integers(0, NUM_BLOCKS - 1))
+    def touch_and_release(self, block_id):
+        """A prefix-cache style hit: pull a block (free or not) out of the queue, then let it go."""
+        was_free = self.allocator.is_free(block_id)
+        free_before = self.allocator.num_free_blocks
+        self.allocator.touch(block_id)
+        assert self.allocator.num_free_blocks == free_before - was_free
+        self.allocator.free(block_id)
+        assert self.allocator.num_free_blocks == free_before
+
     @precondition(lambda self: self.live)
     @rule(table=consumes(tables))
     def free(self, table):

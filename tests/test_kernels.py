@@ -92,7 +92,14 @@ def test_triton_decode_matches_reference(heads, head_dim, block_size, dtype):
     torch.testing.assert_close(out, reference.paged_decode(*args), **TOLERANCE[dtype])
 
 
-@pytest.mark.parametrize(("heads", "head_dim", "block_size", "dtype"), GRID[:: len(DTYPES) + 1])
+# One dtype per (heads, head size, block size) combination, cycling through the dtypes.
+PREFILL_GRID = [
+    (h, d, b, DTYPES[i % len(DTYPES)])
+    for i, (h, d, b) in enumerate(itertools.product(HEADS, HEAD_SIZES, BLOCK_SIZES))
+]
+
+
+@pytest.mark.parametrize(("heads", "head_dim", "block_size", "dtype"), PREFILL_GRID)
 def test_triton_prefill_matches_reference(heads, head_dim, block_size, dtype):
     seq_lens = [1, block_size, block_size + 3, 2 * block_size + 7]
     q_lens = [1, block_size, 2, block_size + 1]  # whole prompts and chunks after a cached prefix
@@ -272,3 +279,39 @@ def test_triton_kernels_on_more_head_and_block_sizes(head_dim, block_size):
     torch.testing.assert_close(
         prefill.paged_prefill(*pargs), reference.paged_prefill(*pargs), **TOLERANCE[dtype]
     )
+
+
+def test_non_contiguous_index_tensors_give_the_same_result():
+    case = make_paged_case([5, 30, 17], 8, 2, 64, torch.float32, seed=5)
+    q = torch.randn(3, 4, 64)
+    wide = torch.stack([case.block_tables, case.block_tables], dim=2)[:, :, 0]  # a strided view
+    lens = torch.stack([case.seq_lens, case.seq_lens], dim=1)[:, 0]
+    assert not wide.is_contiguous() and not lens.is_contiguous()
+    expected = reference.paged_decode(q, case.key_cache, case.value_cache, case.block_tables, case.seq_lens)
+    torch.testing.assert_close(decode.paged_decode(q, case.key_cache, case.value_cache, wide, lens), expected)
+    loc = torch.stack([query_start_loc([1, 1, 1])] * 2, dim=1)[:, 0]
+    torch.testing.assert_close(
+        prefill.paged_prefill(q, case.key_cache, case.value_cache, wide, lens, loc), expected
+    )
+
+
+@pytest.mark.parametrize("fn", [reference.paged_decode, decode.paged_decode])
+@pytest.mark.parametrize("bad_id", [-1, 10_000])
+def test_block_ids_outside_the_cache_are_rejected(fn, bad_id):
+    q, case = _good()
+    tables = case.block_tables.clone()
+    tables[1, 1] = bad_id  # sequence 1 has 12 tokens in blocks of 8: it reads entry 1
+    with pytest.raises(ValueError, match=r"block_tables\[1, 1\] = .* is not a block of the cache"):
+        fn(q, case.key_cache, case.value_cache, tables, case.seq_lens)
+    tables[1, 1] = case.block_tables[1, 1]
+    tables[0, 1] = bad_id  # sequence 0 has 5 tokens: entry 1 is padding, never read, so allowed
+    fn(q, case.key_cache, case.value_cache, tables, case.seq_lens)
+
+
+def test_non_tensor_and_empty_caches_are_rejected():
+    q, case = _good()
+    with pytest.raises(TypeError, match=r"key_cache must be a torch\.Tensor"):
+        reference.paged_decode(q, [1, 2], case.value_cache, case.block_tables, case.seq_lens)
+    empty = torch.zeros(4, 8, 0, 64)
+    with pytest.raises(ValueError, match="non-empty"):
+        reference.paged_decode(q, empty, empty, case.block_tables, case.seq_lens)

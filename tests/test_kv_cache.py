@@ -90,8 +90,10 @@ def test_store_kv_casts_to_cache_dtype_and_checks_shapes():
     assert torch.equal(key_cache[1, 1], key[0].to(torch.bfloat16))
     with pytest.raises(ValueError, match="slot_mapping must be int64"):
         store_kv(key, key, key_cache, value_cache, torch.tensor([3], dtype=torch.int32))
-    with pytest.raises(ValueError, match="cache has 4 slots"):
+    with pytest.raises(ValueError, match=r"slot_mapping holds slot 4: slots are 0\.\.3, or -1"):
         store_kv(key, key, key_cache, value_cache, torch.tensor([4]))
+    with pytest.raises(ValueError, match="slot_mapping holds slot -2"):
+        store_kv(key, key, key_cache, value_cache, torch.tensor([-2]))
     with pytest.raises(ValueError, match="num_kv_heads, head_dim"):
         store_kv(torch.randn(1, 2, 4), torch.randn(1, 2, 4), key_cache, value_cache, torch.tensor([0]))
     with pytest.raises(ValueError, match="key and value must both be"):
@@ -107,3 +109,5 @@ def test_cache_store_and_copy_blocks_across_layers():
     assert torch.equal(cache.data[:, :, 3], cache.data[:, :, 1])
     assert torch.equal(cache.key_cache(1)[3], k + 1)
     cache.copy_blocks([])  # nothing to do
+    with pytest.raises(ValueError, match="block copy -1 -> 3 is out of range"):
+        cache.copy_blocks([BlockCopy(src=-1, dst=3)])

@@ -38,9 +38,14 @@ def test_slots_follow_scattered_physical_blocks():
 
 
 def test_append_zero_tokens_is_a_no_op():
-    table = PageTable(BlockAllocator(2), block_size=4)
+    alloc = BlockAllocator(2)
+    table = PageTable(alloc, block_size=4)
     assert table.append_tokens(0) == AppendResult([], None)
     assert table.num_blocks == 0
+    table.append_tokens(2)
+    child = table.fork()  # a shared, half-full last block: appending nothing must not copy it
+    assert child.append_tokens(0) == AppendResult([], None)
+    assert child.block_ids == table.block_ids and alloc.ref_count(0) == 2
 
 
 def test_fork_shares_every_block_and_copy_on_write_splits_the_partial_last_block():

@@ -122,8 +122,8 @@ def _methods(batch: int, context: int, device: torch.device) -> tuple[dict[str, 
     q_sdpa = q.view(batch, NUM_HEADS, 1, HEAD_DIM)
     k_sdpa, v_sdpa = k_bshd.transpose(1, 2), v_bshd.transpose(1, 2)
     methods: dict[str, Callable[[], object]] = {
-        "paged": lambda: decode.paged_decode(q, kc, vc, shuffled, seq_lens, max_seq_len=context),
-        "contiguous": lambda: decode.paged_decode(q, kc, vc, identity, seq_lens, max_seq_len=context),
+        "paged": lambda: decode.paged_decode(q, kc, vc, shuffled, seq_lens),
+        "contiguous": lambda: decode.paged_decode(q, kc, vc, identity, seq_lens),
         "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(
             q_sdpa, k_sdpa, v_sdpa, enable_gqa=True
         ),

@@ -4,8 +4,9 @@
 num_kv_heads`` query heads share one KV head. The program loads all of the group's queries as the
 rows of a ``[GROUP_PAD, HEAD_PAD]`` tile, so each key and value is read from memory once per group,
 not once per query head. Decode is memory-bound: those bytes are the whole cost. The rows are padded
-to at least 16 because that is the smallest ``tl.dot`` an NVIDIA tensor core takes; the loop over
-the sequence's pages is :func:`paged_attention.kernels.online_softmax.attend_tiles`.
+to at least 16 because that is the smallest ``tl.dot`` Triton compiles for NVIDIA GPUs (fp16/bf16
+dots run on tensor cores there); the loop over the sequence's pages is
+:func:`paged_attention.kernels.online_softmax.attend_tiles`.
 
 Split-K ("flash-decoding", vLLM's ``paged_attention_v2``): a single long sequence gives the GPU only
 ``num_kv_heads`` programs, too few to fill it. Cutting the context into partitions of
@@ -20,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .online_softmax import LOG2E, NEG_BIG, attend_tiles, default_tile
+from .online_softmax import LOG2E, NEG_BIG, attend_tiles, default_tile, use_native_dot
 from .validation import check_cache, check_tables, default_scale
 
 PARTITION_SIZE = 512  # tokens per split-K partition (a multiple of every TILE below)
@@ -57,6 +58,7 @@ def _decode_kernel(
     BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr,
     PARTITION: tl.constexpr,  # 0: no split-K, the program covers the whole sequence
+    NATIVE_DOT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -78,7 +80,7 @@ def _decode_kernel(
         acc, m, l = attend_tiles(
             q, g, key_cache_ptr, value_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head, start, end,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-            HEAD_DIM, HEAD_PAD, BLOCK_SIZE, TILE, CAUSAL=False,
+            HEAD_DIM, HEAD_PAD, BLOCK_SIZE, TILE, CAUSAL=False, NATIVE_DOT=NATIVE_DOT,
         )  # fmt: skip
         out = acc / l[:, None]
         o_ptrs = out_ptr + seq * stride_os + heads[:, None] * stride_oh + split * stride_osplit + d[None, :]
@@ -149,15 +151,11 @@ def paged_decode(
     scale: float | None = None,
     *,
     split_k: bool | None = None,
-    max_seq_len: int | None = None,
 ) -> torch.Tensor:
-    """Triton paged decode (see the module docstring). ``split_k=None`` applies :func:`should_split_k`.
-
-    ``max_seq_len`` saves a device-to-host copy of ``seq_lens.max()`` when the caller knows it.
-    """
+    """Triton paged decode (see the module docstring). ``split_k=None`` applies :func:`should_split_k`."""
     check_cache(query, key_cache, value_cache)
     block_size = key_cache.shape[1]
-    check_tables(block_tables, seq_lens, block_size, query.device)
+    block_tables, seq_lens, max_seq_len = check_tables(block_tables, seq_lens, key_cache, query.device)
     num_seqs, num_heads, head_dim = query.shape
     if num_seqs != seq_lens.shape[0]:
         raise ValueError(
@@ -170,8 +168,6 @@ def paged_decode(
         raise ValueError("query and caches must be contiguous in head_dim (stride 1)")
     num_kv_heads = key_cache.shape[2]
     group = num_heads // num_kv_heads
-    if max_seq_len is None:
-        max_seq_len = int(seq_lens.max())
     if split_k is None:
         num_sms = (
             torch.cuda.get_device_properties(query.device).multi_processor_count if query.is_cuda else 132
@@ -185,6 +181,7 @@ def paged_decode(
         HEAD_PAD=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size,
         TILE=default_tile(block_size),
+        NATIVE_DOT=use_native_dot(query.dtype),
     )
     cache_strides = (*key_cache.stride()[:3], *value_cache.stride()[:3])
     if not split_k:

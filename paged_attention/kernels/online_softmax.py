@@ -16,14 +16,19 @@ walks positions ``[start, end)`` of one sequence, ``TILE`` tokens at a time:
   one) and masked, positions at or past ``end`` are never loaded, and with ``CAUSAL`` a row at
   absolute position ``q_pos`` sees only positions ``<= q_pos``.
 
-Everything loaded is converted to float32 at once: the interpreter computes bf16 arithmetic
-wrongly, and float32 accumulation is what every production kernel does anyway.
+Precision: compiled on a GPU with fp16/bf16 caches (``NATIVE_DOT``), both products take their
+inputs in that dtype, so they run on tensor cores, and accumulate in float32, as FlashAttention does.
+Under the interpreter, and for float32 caches, everything is converted to float32 at once: the
+interpreter computes bf16 arithmetic wrongly, and float32 makes the CPU results exact.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+from .._triton_env import triton_interpreted
 
 LOG2E = 1.4426950408889634
 NEG_BIG = -1.0e30  # a finite "minus infinity" for m: keeps exp2(m_old - m_new) free of inf - inf
@@ -50,6 +55,7 @@ def attend_tiles(
     BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr,
     CAUSAL: tl.constexpr,
+    NATIVE_DOT: tl.constexpr,
 ):
     """Return ``acc [ROWS, HEAD_PAD]``, ``m [ROWS]``, ``l [ROWS]``; the output is ``acc / l``."""
     ROWS: tl.constexpr = q.shape[0]
@@ -65,11 +71,15 @@ def attend_tiles(
         offset = pos % BLOCK_SIZE
         kv_mask = in_range[:, None] & d_mask[None, :]
         k_rows = key_cache_ptr + block * stride_kb + offset * stride_kt + kv_head * stride_kh
-        k = tl.load(k_rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        k = tl.load(k_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
         v_rows = value_cache_ptr + block * stride_vb + offset * stride_vt + kv_head * stride_vh
-        v = tl.load(v_rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee")  # [ROWS, TILE]
+        v = tl.load(v_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if NATIVE_DOT:  # compiled fp16/bf16: tensor cores multiply, float32 accumulates
+            scores = tl.dot(q.to(k.dtype), tl.trans(k))
+        else:  # the interpreter (and float32 caches): exact float32 arithmetic
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee")  # [ROWS, TILE]
         visible = in_range[None, :]
         if CAUSAL:
             visible = visible & (pos[None, :] <= q_pos[:, None])
@@ -78,9 +88,17 @@ def attend_tiles(
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(scores - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        if NATIVE_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m = m_new
     return acc, m, l
+
+
+def use_native_dot(dtype: torch.dtype) -> bool:
+    """Feed ``tl.dot`` fp16/bf16 directly (tensor cores) when compiled; float32 under the interpreter."""
+    return dtype in (torch.float16, torch.bfloat16) and not triton_interpreted()
 
 
 def default_tile(block_size: int) -> int:

@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .online_softmax import LOG2E, attend_tiles, default_tile
+from .._triton_env import triton_interpreted
+from .online_softmax import LOG2E, attend_tiles, default_tile, use_native_dot
 from .validation import check_cache, check_query_start_loc, check_tables, default_scale
 
 
@@ -53,6 +54,7 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    NATIVE_DOT: tl.constexpr,
 ):
     q_tile = tl.program_id(0)
     seq = tl.program_id(1)
@@ -74,7 +76,7 @@ def _prefill_kernel(
         acc, _m, l = attend_tiles(
             q, context + token, key_cache_ptr, value_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head,
             0, last_query, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-            HEAD_DIM, HEAD_PAD, BLOCK_SIZE, TILE, CAUSAL=True,
+            HEAD_DIM, HEAD_PAD, BLOCK_SIZE, TILE, CAUSAL=True, NATIVE_DOT=NATIVE_DOT,
         )  # fmt: skip
         out = acc / tl.where(l > 0, l, 1.0)[:, None]
         o_ptrs = out_ptr + (q_start + token)[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
@@ -89,14 +91,12 @@ def paged_prefill(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float | None = None,
-    *,
-    max_query_len: int | None = None,
 ) -> torch.Tensor:
     """Triton paged prefill (see the module docstring); same contract as the reference."""
     check_cache(query, key_cache, value_cache)
     block_size = key_cache.shape[1]
-    check_tables(block_tables, seq_lens, block_size, query.device)
-    check_query_start_loc(query_start_loc, seq_lens, query.shape[0])
+    block_tables, seq_lens, _ = check_tables(block_tables, seq_lens, key_cache, query.device)
+    query_start_loc, max_query_len = check_query_start_loc(query_start_loc, seq_lens, query.shape[0])
     out = torch.empty_like(query)
     num_tokens, num_heads, head_dim = query.shape
     if num_tokens == 0:
@@ -106,9 +106,11 @@ def paged_prefill(
     num_kv_heads = key_cache.shape[2]
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
-    block_m = max(1, 16 // group_pad)  # at least 16 rows per tile for tl.dot
-    if max_query_len is None:
-        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    # Rows per program = BLOCK_M tokens x GROUP_PAD heads: 16 (the smallest tl.dot) under the
+    # interpreter, 64 when compiled, where prefill is compute-bound and bigger tiles reuse K/V more.
+    native = use_native_dot(query.dtype)
+    rows = 16 if triton_interpreted() else 64
+    block_m = max(1, rows // group_pad)
     grid = (triton.cdiv(max_query_len, block_m), seq_lens.shape[0], num_kv_heads)
     _prefill_kernel[grid](
         out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
@@ -117,6 +119,6 @@ def paged_prefill(
         *key_cache.stride()[:3], *value_cache.stride()[:3], block_tables.stride(0),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
         HEAD_PAD=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
-        TILE=default_tile(block_size), BLOCK_M=block_m,
+        TILE=default_tile(block_size), BLOCK_M=block_m, NATIVE_DOT=native,
     )  # fmt: skip
     return out

@@ -53,7 +53,7 @@ def paged_decode(
 ) -> torch.Tensor:
     """One new query token per sequence attends to all ``seq_lens[i]`` cached tokens of sequence ``i``."""
     check_cache(query, key_cache, value_cache)
-    check_tables(block_tables, seq_lens, key_cache.shape[1], query.device)
+    check_tables(block_tables, seq_lens, key_cache, query.device)
     if query.shape[0] != seq_lens.shape[0]:
         raise ValueError(
             f"decode has one query per sequence: {query.shape[0]} queries, {seq_lens.shape[0]} seq_lens"
@@ -78,7 +78,7 @@ def paged_prefill(
     """Packed new tokens attend causally: the ``j``-th of ``q_len`` new tokens of a sequence with
     ``seq_len`` cached tokens (new ones included) sits at position ``seq_len - q_len + j``."""
     check_cache(query, key_cache, value_cache)
-    check_tables(block_tables, seq_lens, key_cache.shape[1], query.device)
+    check_tables(block_tables, seq_lens, key_cache, query.device)
     check_query_start_loc(query_start_loc, seq_lens, query.shape[0])
     scale = default_scale(query.shape[2], scale)
     out = torch.empty_like(query)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kv_cache import _check_store_args
+from ..kv_cache import check_store_args
 
 
 @triton.jit
@@ -48,12 +48,8 @@ def store_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Triton twin of :func:`paged_attention.kv_cache.store_kv` (same checks, same result)."""
-    _check_store_args(key, value, key_cache, value_cache, slot_mapping)
-    num_slots = key_cache.shape[0] * key_cache.shape[1]
-    if slot_mapping.numel() and int(slot_mapping.max()) >= num_slots:
-        raise ValueError(
-            f"slot_mapping holds slot {int(slot_mapping.max())} but the cache has {num_slots} slots"
-        )
+    check_store_args(key, value, key_cache, value_cache, slot_mapping)
+    slot_mapping = slot_mapping.contiguous()
     if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
         raise ValueError("key_cache and value_cache must be contiguous")
     key, value = key.contiguous(), value.contiguous()

@@ -1,7 +1,12 @@
 """Argument checks shared by every attention backend, so all of them fail the same, helpful way.
 
-The kernels index raw memory: a wrong dtype or a seq_len past the end of a block table would not
-raise inside a kernel, it would read garbage. Everything is checked here first.
+The kernels index raw memory: a wrong dtype, a block id past the end of the cache or a seq_len past
+the end of a block table would not raise inside a kernel, it would read garbage. Everything is
+checked here first. The checks that look at values (lengths, block ids) copy a few numbers from the
+device to the host; that is the price of a teaching codebase that never fails silently.
+
+The functions return the index tensors made contiguous (the kernels assume unit stride along a row)
+together with the maxima the launchers need, so nothing is computed twice.
 """
 
 from __future__ import annotations
@@ -14,12 +19,17 @@ MAX_HEAD_DIM = 256
 
 def check_cache(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
     """Query ``[tokens, heads, head_dim]`` against NHD caches ``[blocks, block_size, kv_heads, head_dim]``."""
-    if not isinstance(query, torch.Tensor) or query.dim() != 3:
-        got = tuple(query.shape) if isinstance(query, torch.Tensor) else type(query).__name__
-        raise ValueError(f"query must be a 3-d tensor [num_tokens, num_heads, head_dim], got {got}")
-    if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
+    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if query.dim() != 3:
         raise ValueError(
-            "key_cache and value_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], "
+            f"query must be a 3-d tensor [num_tokens, num_heads, head_dim], got {tuple(query.shape)}"
+        )
+    if key_cache.dim() != 4 or key_cache.shape != value_cache.shape or 0 in key_cache.shape:
+        raise ValueError(
+            "key_cache and value_cache must both be non-empty "
+            "[num_blocks, block_size, num_kv_heads, head_dim], "
             f"got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
         )
     for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
@@ -45,9 +55,17 @@ def check_cache(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch
 
 
 def check_tables(
-    block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, device: torch.device
-) -> None:
-    """``block_tables`` int32 ``[num_seqs, max_blocks]`` and ``seq_lens`` int32 ``[num_seqs]`` in range."""
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, key_cache: torch.Tensor, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Check ``block_tables`` int32 ``[num_seqs, max_blocks]`` and ``seq_lens`` int32 ``[num_seqs]``.
+
+    Every seq_len is at least 1 and fits its row, and every block id a kernel will read (the first
+    ``cdiv(seq_len, block_size)`` of a row) names a block of the cache. Returns contiguous copies
+    of both tensors and the longest seq_len.
+    """
+    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if block_tables.dtype != torch.int32 or block_tables.dim() != 2:
         raise TypeError(
             f"block_tables must be an int32 [num_seqs, max_blocks] tensor, got {block_tables.dtype} "
@@ -60,31 +78,52 @@ def check_tables(
         )
     if block_tables.device != device or seq_lens.device != device:
         raise ValueError(f"block_tables and seq_lens must be on {device} like the query")
-    if seq_lens.numel():
-        shortest, longest = int(seq_lens.min()), int(seq_lens.max())
-        if shortest < 1:
-            raise ValueError(f"every seq_len must be >= 1, got {shortest}")
-        capacity = block_tables.shape[1] * block_size
-        if longest > capacity:
-            raise ValueError(
-                f"seq_len {longest} exceeds what a block table row holds: "
-                f"{block_tables.shape[1]} blocks x block_size {block_size} = {capacity} tokens"
-            )
+    if not seq_lens.numel():
+        return block_tables.contiguous(), seq_lens.contiguous(), 0
+    num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
+    shortest, longest = int(seq_lens.min()), int(seq_lens.max())
+    if shortest < 1:
+        raise ValueError(f"every seq_len must be >= 1, got {shortest}")
+    capacity = block_tables.shape[1] * block_size
+    if longest > capacity:
+        raise ValueError(
+            f"seq_len {longest} exceeds what a block table row holds: "
+            f"{block_tables.shape[1]} blocks x block_size {block_size} = {capacity} tokens"
+        )
+    used = torch.arange(block_tables.shape[1], device=device)[None, :] * block_size < seq_lens[:, None]
+    bad = used & ((block_tables < 0) | (block_tables >= num_blocks))
+    if bool(bad.any()):
+        row, col = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"block_tables[{row}, {col}] = {int(block_tables[row, col])} is not a block of the cache "
+            f"(0..{num_blocks - 1}) but sequence {row} reads it"
+        )
+    return block_tables.contiguous(), seq_lens.contiguous(), longest
 
 
-def check_query_start_loc(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int) -> None:
-    """``query_start_loc`` int32 ``[num_seqs + 1]``: 0, increasing, ending at ``num_tokens``."""
+def check_query_start_loc(
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int
+) -> tuple[torch.Tensor, int]:
+    """``query_start_loc`` int32 ``[num_seqs + 1]``: 0, increasing, ending at ``num_tokens``.
+
+    Returns it contiguous, and the most new tokens of any one sequence.
+    """
     n = seq_lens.shape[0]
+    if not isinstance(query_start_loc, torch.Tensor):
+        raise TypeError(f"query_start_loc must be a torch.Tensor, got {type(query_start_loc).__name__}")
     if query_start_loc.dtype != torch.int32 or query_start_loc.shape != (n + 1,):
         raise TypeError(
             f"query_start_loc must be an int32 [num_seqs + 1 = {n + 1}] tensor, got "
             f"{query_start_loc.dtype} {tuple(query_start_loc.shape)}"
         )
+    if query_start_loc.device != seq_lens.device:
+        raise ValueError(f"query_start_loc must be on {seq_lens.device} like seq_lens")
     q_lens = query_start_loc[1:] - query_start_loc[:-1]
     if int(query_start_loc[0]) != 0 or int(query_start_loc[-1]) != num_tokens:
         raise ValueError(f"query_start_loc must start at 0 and end at num_tokens={num_tokens}")
-    if n and (int(q_lens.min()) < 1 or bool((q_lens > seq_lens.to(q_lens.device)).any())):
+    if n and (int(q_lens.min()) < 1 or bool((q_lens > seq_lens).any())):
         raise ValueError("every sequence needs 1 <= new tokens <= seq_len (query_start_loc vs seq_lens)")
+    return query_start_loc.contiguous(), int(q_lens.max()) if n else 0
 
 
 def default_scale(head_dim: int, scale: float | None) -> float:
