@@ -31,7 +31,9 @@ import triton.language as tl
 from .._triton_env import triton_interpreted
 
 LOG2E = 1.4426950408889634
-NEG_BIG = -1.0e30  # a finite "minus infinity" for m: keeps exp2(m_old - m_new) free of inf - inf
+NEG_BIG = tl.constexpr(
+    -1.0e30
+)  # a finite "minus infinity" for m: keeps exp2(m_old - m_new) free of inf - inf
 
 
 @triton.jit
