@@ -19,7 +19,7 @@ def test_every_kernel_compiles_for_sm90():
         [sys.executable, "-m", "paged_attention.kernels.compile_check"],
         capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
-    if "No module named" in proc.stderr or "ptxas" in proc.stderr and "not found" in proc.stderr:
+    if "No module named" in proc.stderr or ("ptxas" in proc.stderr and "not found" in proc.stderr):
         pytest.skip(f"this Triton build cannot compile for CUDA here: {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert proc.stdout.count("ok ") == 16

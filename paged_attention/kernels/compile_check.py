@@ -82,7 +82,7 @@ def main() -> int:
         try:
             kernel = build()
             ok = "cubin" in kernel.asm
-        except Exception as err:  # noqa: BLE001 - report every failing build, not just the first
+        except Exception as err:  # report every failing build, not just the first
             ok, failures = False, failures + 1
             print(f"FAILED {name}: {type(err).__name__}: {str(err)[:2000]}")
             continue
