@@ -1,0 +1,491 @@
+"""The engine and the vLLM-compatible offline API: ``LLM(...).generate(prompts, SamplingParams(...))``.
+
+:class:`LLMEngine` is the loop every serving system has at its core::
+
+    add_request(...)            # tokenize, validate, queue (a bad request is rejected alone)
+    while has_unfinished_requests():
+        step()                  # schedule -> copy blocks -> run the model -> sample -> finish -> free
+
+:class:`LLM` wraps it the way vLLM's ``LLM`` does, so a program written for vLLM's offline API runs
+here with only its import line (and the model name) changed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ._checks import check_int, check_positive_int
+from .cache_manager import PagedKVCacheManager
+from .kv_cache import KVCache, KVCacheSpec
+from .model_runner import ModelRunner
+from .models import load_model, load_tokenizer, resolve_dtype
+from .sampling import Sampler, SamplingParams
+from .scheduler import Scheduler, SchedulerOutput
+from .sequence import FinishReason, SequenceStatus
+from .sequence import Sequence as Seq
+
+DEFAULT_CPU_KV_CACHE_MEMORY = 512 * 1024**2  # bytes; on CUDA gpu_memory_utilization decides
+
+
+@dataclass
+class CompletionOutput:
+    """One sample of a request (vLLM's ``CompletionOutput``)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: int | str | None = None
+    cumulative_logprob: float | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    """Wall-clock times of a request (seconds from ``time.monotonic``)."""
+
+    arrival_time: float
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_preemptions: int = 0
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    def time_per_output_token(self, num_output_tokens: int) -> float | None:
+        if self.finished_time is None or self.first_token_time is None or num_output_tokens < 2:
+            return None
+        return (self.finished_time - self.first_token_time) / (num_output_tokens - 1)
+
+
+@dataclass
+class RequestOutput:
+    """What ``generate`` returns per prompt (vLLM's ``RequestOutput``)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        return self.metrics.time_per_output_token(max((len(o.token_ids) for o in self.outputs), default=0))
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Seq]
+    metrics: RequestMetrics
+    stop_token_ids: set[int] = field(default_factory=set)
+
+
+@dataclass
+class StepStats:
+    """Counters of one ``step()``, for progress bars, benchmarks and notebooks."""
+
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    num_scheduled_tokens: int
+    num_preempted: int
+    kv_usage: float
+    seconds: float
+
+
+class LLMEngine:
+    """A continuous-batching engine over paged KV memory, driving a transformers causal LM."""
+
+    def __init__(
+        self,
+        model: str | os.PathLike | PreTrainedModel | None = None,
+        tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None,
+        *,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        kv_cache_memory: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = None,
+        max_model_len: int | None = None,
+        attention_backend: str = "auto",
+        preemption_mode: str = "recompute",
+        num_cpu_blocks: int | None = None,
+        watermark: float = 0.01,
+        seed: int = 0,
+    ) -> None:
+        check_positive_int("block_size", block_size)
+        if not isinstance(gpu_memory_utilization, (int, float)) or not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model, self.tokenizer = _resolve_model(model, tokenizer, dtype, device)
+        config = self.model.config
+        model_max = getattr(config, "max_position_embeddings", None) or 2048
+        self.max_model_len = check_positive_int("max_model_len", max_model_len or model_max)
+        if self.max_model_len > model_max:
+            raise ValueError(f"max_model_len={max_model_len} exceeds the model's {model_max} positions")
+        self.spec = KVCacheSpec.from_config(config, next(self.model.parameters()).dtype)
+        num_blocks = self._num_kv_blocks(
+            num_kv_blocks, kv_cache_memory, gpu_memory_utilization, block_size, device
+        )
+        if num_cpu_blocks is None:
+            num_cpu_blocks = num_blocks if preemption_mode == "swap" else 0
+        self.cache_manager = PagedKVCacheManager(num_blocks, block_size, watermark, num_cpu_blocks)
+        self.kv_cache = KVCache(self.spec, num_blocks, block_size, device)
+        self.cpu_cache = KVCache(self.spec, num_cpu_blocks, block_size, "cpu") if num_cpu_blocks else None
+        self.scheduler = Scheduler(
+            self.cache_manager,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens or max(2048, self.max_model_len),
+            preemption_mode=preemption_mode,
+        )
+        self.runner = ModelRunner(self.model, self.kv_cache, attention_backend)
+        self.sampler = Sampler(seed)
+        self.requests: dict[str, _Request] = {}
+        self._seq_ids = itertools.count()
+        self._request_ids = itertools.count()
+        self.eos_token_ids = _eos_ids(self.model, self.tokenizer)
+        self.last_step: StepStats | None = None
+
+    # -- sizing ---------------------------------------------------------------------------------
+    def _num_kv_blocks(
+        self, num_kv_blocks: int | None, kv_cache_memory: int | None, utilization: float, block_size: int,
+        device: torch.device,
+    ) -> int:  # fmt: skip
+        if num_kv_blocks is not None:
+            return check_positive_int("num_kv_blocks", num_kv_blocks)
+        if kv_cache_memory is None:
+            if device.type == "cuda":
+                free, total = torch.cuda.mem_get_info(device)
+                used_by_others = total - free
+                # Leave room for activations: a tenth of what remains, as a simple stand-in for profiling.
+                kv_cache_memory = int(max(0, utilization * total - used_by_others) * 0.9)
+            else:
+                kv_cache_memory = DEFAULT_CPU_KV_CACHE_MEMORY
+        check_int("kv_cache_memory", kv_cache_memory, minimum=1)
+        return self.spec.num_blocks_for_budget(kv_cache_memory, block_size)
+
+    # -- requests -------------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str | None,
+        prompt: str | list[int] | dict[str, Any],
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+    ) -> str:
+        """Validate, tokenize and queue one request; raises ``ValueError``/``TypeError`` (and queues
+        nothing) if it is malformed or could never fit. Returns its request id."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        request_id = str(next(self._request_ids)) if request_id is None else str(request_id)
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        text, token_ids = self._tokenize(prompt)
+        if not token_ids:
+            raise ValueError("the prompt is empty: a request needs at least one prompt token")
+        vocab = self.model.config.vocab_size
+        if min(token_ids) < 0 or max(token_ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab}), got one out of range")
+        room = self.max_model_len - len(token_ids)
+        if room < 1:
+            raise ValueError(
+                f"prompt of {len(token_ids)} tokens leaves no room to generate "
+                f"(max_model_len={self.max_model_len})"
+            )
+        if params.max_tokens is None:
+            params = _replace_max_tokens(params, room)
+        elif params.max_tokens > room:
+            raise ValueError(
+                f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                f"max_model_len={self.max_model_len}"
+            )
+        now = time.monotonic() if arrival_time is None else arrival_time
+        seqs = []
+        for i in range(params.n):
+            generator = None
+            if params.seed is not None:  # sample i of a request draws from seed + i
+                generator = torch.Generator().manual_seed(params.seed + i)
+            seqs.append(Seq(next(self._seq_ids), request_id, list(token_ids), params, now, i, generator))
+        for seq in seqs:
+            if not self.cache_manager.fits_at_all(seq.max_total_tokens):
+                raise ValueError(
+                    f"request {request_id!r} needs up to {seq.max_total_tokens} tokens of KV cache "
+                    f"(prompt + max_tokens) but the whole cache holds "
+                    f"{self.cache_manager.num_blocks * self.cache_manager.block_size}"
+                )
+        for seq in seqs:
+            self.scheduler.add(seq)
+        stop_ids = set(params.stop_token_ids or [])
+        self.requests[request_id] = _Request(
+            request_id, text, list(token_ids), params, seqs, RequestMetrics(now), stop_ids
+        )
+        return request_id
+
+    def _tokenize(self, prompt: str | list[int] | dict[str, Any]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                prompt = prompt["prompt_token_ids"]
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise TypeError("a dict prompt needs a 'prompt' or 'prompt_token_ids' key")
+        if isinstance(prompt, str):
+            if not prompt:
+                return prompt, []  # rejected by the caller, even if the tokenizer would add a BOS
+            return prompt, list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        if isinstance(prompt, (list, tuple)) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            return None, list(prompt)
+        raise TypeError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request now: its sequences finish with reason ``abort`` and free their blocks."""
+        request = self.requests.get(request_id)
+        if request is None:
+            raise ValueError(f"no request with id {request_id!r}")
+        now = time.monotonic()
+        for seq in request.seqs:
+            if not seq.is_finished:
+                seq.finish(FinishReason.ABORTED, now)
+                self.scheduler.finish(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, sample, and return the requests that finished in this step."""
+        start = time.perf_counter()
+        out = self.scheduler.schedule()
+        self._move_blocks(out)
+        finished_requests: dict[str, _Request] = {}
+        if not out.is_empty:
+            tables = [self.cache_manager.block_table(s.seq.seq_id) for s in out.scheduled]
+            logits = self.runner.execute(out.scheduled, tables)
+            self.scheduler.after_step(out.scheduled)
+            sampling = [s.seq for s in out.scheduled if s.samples]
+            if sampling:
+                banned = [self._banned(seq) for seq in sampling]
+                tokens = self.sampler(
+                    logits, [s.params for s in sampling], [s.generator for s in sampling], banned
+                )
+                now = time.monotonic()
+                for seq, token in zip(sampling, tokens, strict=True):
+                    self._append_token(seq, token, now)
+                    if seq.is_finished:
+                        self.scheduler.finish(seq)
+                        request = self.requests[seq.request_id]
+                        if all(s.is_finished for s in request.seqs):
+                            finished_requests[request.request_id] = request
+        elif self.scheduler.has_unfinished() and not out.preempted:
+            raise RuntimeError(
+                "the scheduler made no progress: no sequence could be scheduled"
+            )  # pragma: no cover
+        self.last_step = StepStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_swapped=len(self.scheduler.swapped),
+            num_scheduled_tokens=out.num_tokens,
+            num_preempted=len(out.preempted),
+            kv_usage=self.cache_manager.usage,
+            seconds=time.perf_counter() - start,
+        )
+        results = []
+        for request in finished_requests.values():
+            results.append(self._request_output(request))
+            del self.requests[request.request_id]
+        return results
+
+    def _move_blocks(self, out: SchedulerOutput) -> None:
+        """Do the block copies the scheduler asked for, before the step's writes (order matters)."""
+        if out.swap_out:
+            assert self.cpu_cache is not None
+            self.kv_cache.copy_blocks_to(self.cpu_cache, out.swap_out)
+        if out.swap_in:
+            assert self.cpu_cache is not None
+            self.cpu_cache.copy_blocks_to(self.kv_cache, out.swap_in)
+        self.kv_cache.copy_blocks(out.block_copies)
+
+    def _banned(self, seq: Seq) -> list[int]:
+        """Before ``min_tokens`` outputs, the stop tokens may not be sampled (vLLM's rule)."""
+        if len(seq.output_token_ids) >= seq.params.min_tokens:
+            return []
+        ids = set(self.requests[seq.request_id].stop_token_ids)
+        if not seq.params.ignore_eos:
+            ids |= self.eos_token_ids
+        return sorted(ids)
+
+    def _append_token(self, seq: Seq, token: int, now: float) -> None:
+        seq.output_token_ids.append(token)
+        request = self.requests[seq.request_id]
+        if request.metrics.first_token_time is None:
+            request.metrics.first_token_time = now
+        params = seq.params
+        n_out = len(seq.output_token_ids)
+        if n_out >= params.min_tokens:
+            if token in request.stop_token_ids:
+                seq.finish(FinishReason.STOP, now, stop_reason=token)
+                return
+            if not params.ignore_eos and token in self.eos_token_ids:
+                seq.finish(FinishReason.STOP, now)
+                return
+            if params.stop_strings:
+                text = self._detokenize(seq)
+                for stop in params.stop_strings:
+                    if stop in text:
+                        seq.output_text = text[: text.index(stop)]
+                        seq.finish(FinishReason.STOP, now, stop_reason=stop)
+                        return
+        if n_out >= (params.max_tokens or 0) or seq.num_tokens >= self.max_model_len:
+            seq.finish(FinishReason.LENGTH, now)
+
+    def _detokenize(self, seq: Seq) -> str:
+        return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens)
+
+    def _request_output(self, request: _Request) -> RequestOutput:
+        outputs = []
+        for seq in request.seqs:
+            text = seq.output_text if seq.stop_reason in seq.params.stop_strings else self._detokenize(seq)
+            tokens = list(seq.output_token_ids)
+            outputs.append(
+                CompletionOutput(
+                    seq.sample_index, text, tokens,
+                    seq.finish_reason.value if seq.finish_reason else None, seq.stop_reason,
+                )
+            )  # fmt: skip
+        metrics = request.metrics
+        metrics.finished_time = max((s.finish_time or 0.0) for s in request.seqs)
+        metrics.num_preemptions = sum(s.num_preemptions for s in request.seqs)
+        return RequestOutput(
+            request.request_id, request.prompt, request.prompt_token_ids, outputs, True, metrics
+        )
+
+
+class LLM:
+    """vLLM's offline API: ``LLM(model=...).generate(prompts, sampling_params)``.
+
+    With no ``model`` it serves the embedded tiny Llama (see :mod:`paged_attention.models`).
+    ``gpu_memory_utilization`` sizes the KV cache on CUDA; on a CPU the cache is sized by
+    ``num_kv_blocks`` or ``kv_cache_memory`` (bytes), else 512 MiB. Other keyword arguments go to
+    :class:`LLMEngine`.
+    """
+
+    def __init__(self, model: str | os.PathLike | PreTrainedModel | None = None, **kwargs: Any) -> None:
+        self.llm_engine = LLMEngine(model, **kwargs)
+
+    def get_tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | list[int] | Sequence[str | list[int] | dict[str, Any]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool | Callable[..., Any] = True,
+    ) -> list[RequestOutput]:
+        """Serve every prompt to the end; outputs come back in the order of ``prompts``.
+
+        A prompt that cannot be served (empty, too long, bad ids) raises ``ValueError`` before any
+        work starts, naming its index, so that a batch is all-or-nothing like vLLM's.
+        """
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        if not isinstance(prompts, Sequence) or isinstance(prompts, (str, bytes)):
+            raise TypeError(
+                f"prompts must be a string, a list of token ids, or a list of those, got {type(prompts)}"
+            )
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError(f"got {len(params_list)} sampling_params for {len(prompts)} prompts")
+        engine = self.llm_engine
+        ids = []
+        try:
+            for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
+                try:
+                    ids.append(engine.add_request(None, prompt, params))
+                except (ValueError, TypeError) as err:
+                    raise type(err)(f"prompt {i}: {err}") from err
+        except Exception:
+            for request_id in ids:
+                engine.abort_request(request_id)
+                engine.requests.pop(request_id, None)
+            raise
+        results: dict[str, RequestOutput] = {}
+        progress_cls = use_tqdm if callable(use_tqdm) else tqdm
+        bar = progress_cls(total=len(ids), desc="Processed prompts", disable=use_tqdm is False, unit="req")
+        with bar:
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    results[output.request_id] = output
+                    bar.update(1)
+        return [results[i] for i in ids]
+
+
+def _resolve_model(
+    model: str | os.PathLike | PreTrainedModel | None,
+    tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None,
+    dtype: str | torch.dtype | None,
+    device: torch.device,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A model object is used as given; anything else goes through ``from_pretrained`` (offline)."""
+    if isinstance(tokenizer, PreTrainedTokenizerBase):
+        tok = tokenizer
+    elif tokenizer is not None:
+        tok = load_tokenizer(tokenizer)
+    if isinstance(model, PreTrainedModel):
+        if tokenizer is None:
+            source = getattr(model, "name_or_path", "")
+            if not source:
+                raise ValueError("a model object needs tokenizer= (a tokenizer, or where to load one)")
+            tok = load_tokenizer(source)
+        if dtype is not None:
+            model = model.to(resolve_dtype(dtype, device, model.config))
+        return model.to(device).eval(), tok
+    loaded, default_tok = load_model(model, dtype, device)
+    return loaded, tok if tokenizer is not None else default_tok
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    ids: set[int] = set()
+    generation_config = getattr(model, "generation_config", None)
+    for source in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(source)
+    return ids
+
+
+def _replace_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
+    import dataclasses
+
+    fields = {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.init}
+    return SamplingParams(**(fields | {"max_tokens": max_tokens}))
+
+
+__all__ = ["LLM", "CompletionOutput", "LLMEngine", "RequestOutput", "SamplingParams", "SequenceStatus"]

@@ -1,0 +1,230 @@
+"""Continuous batching: which sequences run this step, and with how many tokens each.
+
+Static batching (what ``model.generate`` does) runs a fixed batch until its longest member ends.
+Continuous batching (Orca, vLLM) decides anew at *every step*: a finished sequence leaves at once
+and a waiting one takes its place in the very next step. The scheduler below does that in one pass:
+
+1. **Running sequences first**, oldest first. Each gets the tokens it still needs (one for a
+   decode step, a chunk for a prompt being prefilled) within the step's token budget. If the cache
+   manager cannot find room, the scheduler **preempts the most recent arrival** among the running
+   sequences, which frees memory for the older ones; if the sequence asking is itself the most
+   recent, it is the one that steps back. Preemption either discards the victim's pages and puts it
+   back at the *front* of the waiting queue to be recomputed (``"recompute"``), or copies its pages
+   to CPU memory (``"swap"``) to be copied back later.
+2. **Swapped sequences come back** when no one was preempted in this step and memory allows.
+3. **Waiting sequences are admitted first-come first-served** while the token budget,
+   ``max_num_seqs`` and free blocks (above the watermark) allow. A long prompt is split into
+   chunks that fit the budget (*chunked prefill*), so one huge prompt never stalls the decodes.
+   Admission stops at the first request that does not fit: skipping ahead to smaller ones would
+   let a large request starve forever.
+
+Why this cannot deadlock: a request that could never fit (its prompt plus ``max_tokens`` beyond the
+whole cache) is rejected when it is added, and the oldest running sequence is never the victim
+while a younger one runs, so the oldest always makes progress and eventually finishes.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+from ._checks import check_positive_int
+from .cache_manager import KVCacheManager, PagedKVCacheManager
+from .page_table import BlockCopy
+from .sequence import Sequence, SequenceStatus
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclass(frozen=True)
+class ScheduledSequence:
+    """One sequence's share of a step: tokens ``start .. start + num_new_tokens - 1``.
+
+    ``samples`` says whether this step reaches the sequence's last token, so that its logits pick
+    the next one (false for all but the last chunk of a chunked prefill).
+    """
+
+    seq: Sequence
+    num_new_tokens: int
+    slot_mapping: list[int]
+    start: int
+    samples: bool
+
+    @classmethod
+    def of(cls, seq: Sequence, num_new_tokens: int, slot_mapping: list[int]) -> ScheduledSequence:
+        start = seq.num_computed_tokens
+        return cls(seq, num_new_tokens, slot_mapping, start, start + num_new_tokens == seq.num_tokens)
+
+
+@dataclass
+class SchedulerOutput:
+    """Everything the model runner and the engine must do for one step."""
+
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    block_copies: list[BlockCopy] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu block, cpu block)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu block, gpu block)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """FCFS continuous batching with chunked prefill and preemption (see the module docstring)."""
+
+    def __init__(
+        self,
+        cache: KVCacheManager,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2048,
+        preemption_mode: str = "recompute",
+    ) -> None:
+        check_positive_int("max_num_seqs", max_num_seqs)
+        check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
+        if preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
+        if preemption_mode == "swap" and not (isinstance(cache, PagedKVCacheManager) and cache.cpu_allocator):
+            raise ValueError(
+                "preemption_mode='swap' needs a paged cache manager with CPU blocks (num_cpu_blocks > 0)"
+            )
+        self.cache = cache
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.preemption_mode = preemption_mode
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in arrival order: the last one is the next victim
+        self.swapped: deque[Sequence] = deque()
+        self.num_preemptions = 0
+
+    # -- queues ---------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        if not self.cache.fits_at_all(seq.max_total_tokens):
+            raise ValueError(
+                f"request {seq.request_id!r} needs up to {seq.max_total_tokens} tokens of KV cache "
+                "(prompt + max_tokens), more than the whole cache holds"
+            )
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def finish(self, seq: Sequence) -> None:
+        """Drop a finished (or aborted) sequence from every queue and free its memory."""
+        for queue in (self.waiting, self.swapped):
+            if seq in queue:
+                queue.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        self.cache.free(seq.seq_id)
+
+    # -- one step -------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        self._schedule_running(out, budget)
+        budget -= out.num_tokens
+        if not out.preempted:
+            self._swap_in(out)
+            budget = self._schedule_swapped_in(out, budget)
+        if not out.preempted and not self.swapped:
+            self._admit_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> None:
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            n = min(seq.num_uncomputed_tokens, budget)
+            allocation = self.cache.allocate_slots(seq.seq_id, n)
+            while allocation is None:
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+                allocation = self.cache.allocate_slots(seq.seq_id, n)
+            if allocation is None:
+                break  # seq itself stepped back; everyone after it was preempted already
+            out.block_copies += allocation.copies
+            out.scheduled.append(ScheduledSequence.of(seq, n, allocation.slot_mapping))
+            budget -= n
+            index += 1
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        out.scheduled = [s for s in out.scheduled if s.seq is not seq]
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(seq)
+        cache = self.cache
+        if (
+            self.preemption_mode == "swap"
+            and isinstance(cache, PagedKVCacheManager)
+            and cache.can_swap_out(seq.seq_id)
+        ):
+            out.swap_out += cache.swap_out(seq.seq_id)
+            seq.status = SequenceStatus.SWAPPED
+            self.swapped.append(seq)
+            return
+        cache.free(seq.seq_id)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.PREEMPTED
+        self.waiting.appendleft(seq)
+
+    def _swap_in(self, out: SchedulerOutput) -> None:
+        cache = self.cache
+        while self.swapped and len(self.running) < self.max_num_seqs:
+            seq = self.swapped[0]
+            assert isinstance(cache, PagedKVCacheManager)
+            if not cache.can_swap_in(seq.seq_id):
+                return
+            self.swapped.popleft()
+            out.swap_in += cache.swap_in(seq.seq_id)
+            self._run(seq)
+
+    def _schedule_swapped_in(self, out: SchedulerOutput, budget: int) -> int:
+        """Give sequences swapped in this step their decode token, if memory and budget allow."""
+        scheduled = {s.seq.seq_id for s in out.scheduled}
+        for seq in self.running:
+            if seq.seq_id in scheduled or budget <= 0:
+                continue
+            n = min(seq.num_uncomputed_tokens, budget)
+            allocation = self.cache.allocate_slots(seq.seq_id, n)
+            if allocation is None:
+                break
+            out.block_copies += allocation.copies
+            out.scheduled.append(ScheduledSequence.of(seq, n, allocation.slot_mapping))
+            budget -= n
+        return budget
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.num_uncomputed_tokens, budget)
+            if not self.cache.can_admit(seq.seq_id, n, seq.max_total_tokens):
+                return
+            allocation = self.cache.allocate_slots(seq.seq_id, n)
+            if allocation is None:
+                return
+            self.waiting.popleft()
+            self._run(seq)
+            out.block_copies += allocation.copies
+            out.scheduled.append(ScheduledSequence.of(seq, n, allocation.slot_mapping))
+            budget -= n
+
+    def _run(self, seq: Sequence) -> None:
+        """Join the running set in arrival order, so that ``running[-1]`` is always the latest arrival."""
+        seq.status = SequenceStatus.RUNNING
+        bisect.insort(self.running, seq, key=lambda s: (s.arrival_time, s.seq_id))
+
+    def after_step(self, scheduled: list[ScheduledSequence]) -> None:
+        """Record that the scheduled tokens' K/V are now in the cache."""
+        for s in scheduled:
+            s.seq.num_computed_tokens += s.num_new_tokens

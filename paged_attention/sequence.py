@@ -1,0 +1,93 @@
+"""A sequence: one prompt and the tokens generated for it so far, plus where it is in its life.
+
+A request with ``n`` samples becomes ``n`` sequences. Each sequence moves through
+
+    WAITING --admitted--> RUNNING --finished--> FINISHED (stop token | length | stop string | aborted)
+                  ^            |
+                  +-preempted--+   (PREEMPTED: recompute later, or SWAPPED: its pages wait in CPU memory)
+
+The scheduler moves it; the cache manager owns its pages (the sequence only knows how many of its
+tokens are in the cache, ``num_computed_tokens``). Chunked prefill is simply a sequence whose
+``num_computed_tokens`` is still below ``len(prompt)`` after a step.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from .sampling import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # pages freed; will recompute its tokens when readmitted
+    SWAPPED = "swapped"  # pages copied to CPU memory; will copy them back when readmitted
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    """Why a sequence ended (``.value`` is what vLLM reports: ``"stop"``, ``"length"``, ``"abort"``)."""
+
+    STOP = "stop"  # a stop token or stop string
+    LENGTH = "length"  # max_tokens reached, or the model's maximum length
+    ABORTED = "abort"
+
+
+@dataclass
+class Sequence:
+    """The state of one sequence; ``tokens`` is the prompt followed by the output so far."""
+
+    seq_id: int
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    sample_index: int = 0
+    generator: torch.Generator | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_preemptions: int = 0
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    output_text: str = ""
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens the next steps must run through the model before this sequence can sample."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def max_total_tokens(self) -> int:
+        """The most tokens this sequence can ever hold: prompt + max_tokens."""
+        return len(self.prompt_token_ids) + (self.params.max_tokens or 0)
+
+    def finish(self, reason: FinishReason, now: float, stop_reason: int | str | None = None) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+        self.finish_time = now
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, {self.status.value}, prompt={len(self.prompt_token_ids)}, "
+            f"out={len(self.output_token_ids)}, computed={self.num_computed_tokens})"
+        )

@@ -1,0 +1,160 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paged_attention.cache_manager import PagedKVCacheManager
+from paged_attention.sampling import SamplingParams
+from paged_attention.scheduler import Scheduler
+from paged_attention.sequence import FinishReason, Sequence, SequenceStatus
+from paged_attention.simulate import run_trace
+from paged_attention.workloads import TraceRequest
+
+
+def seq(seq_id: int, prompt_len: int, max_tokens: int = 8, arrival: float | None = None) -> Sequence:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return Sequence(
+        seq_id, str(seq_id), [1] * prompt_len, params, float(seq_id if arrival is None else arrival)
+    )
+
+
+def step(scheduler: Scheduler):
+    out = scheduler.schedule()
+    scheduler.after_step(out.scheduled)
+    for s in out.scheduled:
+        if s.samples:
+            s.seq.output_token_ids.append(7)
+    return out
+
+
+def test_chunked_prefill_splits_a_long_prompt_under_the_token_budget():
+    scheduler = Scheduler(PagedKVCacheManager(64, 4), max_num_batched_tokens=10)
+    scheduler.add(seq(0, 25))
+    chunks = []
+    for _ in range(3):
+        out = step(scheduler)
+        chunks.append([(s.seq.seq_id, s.num_new_tokens, s.samples) for s in out.scheduled])
+    assert chunks == [[(0, 10, False)], [(0, 10, False)], [(0, 5, True)]]
+    out = step(scheduler)  # now one decode token
+    assert [(s.num_new_tokens, s.samples) for s in out.scheduled] == [(1, True)]
+
+
+def test_decodes_go_first_and_new_prompts_fill_the_remaining_budget():
+    scheduler = Scheduler(PagedKVCacheManager(64, 4), max_num_batched_tokens=8)
+    scheduler.add(seq(0, 6))
+    step(scheduler)
+    scheduler.add(seq(1, 20))
+    out = step(scheduler)
+    assert [(s.seq.seq_id, s.num_new_tokens) for s in out.scheduled] == [(0, 1), (1, 7)]
+
+
+def test_max_num_seqs_limits_the_running_batch():
+    scheduler = Scheduler(PagedKVCacheManager(64, 4), max_num_seqs=2)
+    for i in range(3):
+        scheduler.add(seq(i, 3))
+    out = step(scheduler)
+    assert [s.seq.seq_id for s in out.scheduled] == [0, 1]
+    assert [s.seq_id for s in scheduler.waiting] == [2]
+
+
+def test_admission_is_fcfs_and_never_skips_ahead():
+    cache = PagedKVCacheManager(10, 4, watermark=0.0)
+    scheduler = Scheduler(cache)
+    scheduler.add(seq(0, 30))  # 8 blocks
+    scheduler.add(seq(1, 12))  # 3 blocks: does not fit next to seq 0
+    scheduler.add(seq(2, 2))  # would fit, but must not overtake seq 1
+    out = step(scheduler)
+    assert [s.seq.seq_id for s in out.scheduled] == [0]
+    assert [s.seq_id for s in scheduler.waiting] == [1, 2]
+
+
+def test_preemption_takes_the_latest_arrival_and_requeues_it_at_the_front():
+    cache = PagedKVCacheManager(4, 2, watermark=0.0)
+    scheduler = Scheduler(cache)
+    a, b = seq(0, 3, max_tokens=5), seq(1, 3, max_tokens=5)
+    scheduler.add(a)
+    scheduler.add(b)
+    step(scheduler)  # both prefilled (3 tokens in 2 blocks each): the cache is full
+    step(scheduler)  # the 4th token of each still fits in its second block
+    out = step(scheduler)  # a's 5th token needs a third block: b, the later arrival, is preempted
+    assert out.preempted == [b] and b.status is SequenceStatus.PREEMPTED
+    assert b.num_computed_tokens == 0 and scheduler.waiting[0] is b
+    assert [s.seq.seq_id for s in out.scheduled] == [0]
+    assert scheduler.num_preemptions == 1 and b.num_preemptions == 1
+
+
+def test_swap_mode_moves_pages_to_cpu_and_back():
+    cache = PagedKVCacheManager(4, 2, watermark=0.0, num_cpu_blocks=4)
+    scheduler = Scheduler(cache, preemption_mode="swap")
+    a, b = seq(0, 3, max_tokens=5), seq(1, 3, max_tokens=5)
+    scheduler.add(a)
+    scheduler.add(b)
+    step(scheduler)
+    step(scheduler)
+    out = step(scheduler)
+    assert out.preempted == [b] and b.status is SequenceStatus.SWAPPED
+    assert len(out.swap_out) == 2 and b.num_computed_tokens == 4  # its work is kept, not recomputed
+    a.finish(FinishReason.LENGTH, 0.0)
+    scheduler.finish(a)
+    out = step(scheduler)
+    assert len(out.swap_in) == 2 and b.status is SequenceStatus.RUNNING
+    assert [s.seq.seq_id for s in out.scheduled] == [1]
+
+
+def test_a_request_that_can_never_fit_is_rejected_when_added():
+    scheduler = Scheduler(PagedKVCacheManager(4, 4))
+    with pytest.raises(ValueError, match="more than the whole cache holds"):
+        scheduler.add(seq(0, 10, max_tokens=7))  # 17 tokens > 16 slots
+    assert not scheduler.has_unfinished()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(max_num_seqs=0), "max_num_seqs must be a positive int"),
+        (dict(max_num_batched_tokens=0), "max_num_batched_tokens"),
+        (dict(preemption_mode="drop"), "preemption_mode must be one of"),
+        (dict(preemption_mode="swap"), "needs a paged cache manager with CPU blocks"),
+    ],
+)
+def test_bad_scheduler_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Scheduler(PagedKVCacheManager(4, 4), **kwargs)
+
+
+traces = st.lists(
+    st.builds(TraceRequest, st.integers(1, 25), st.integers(1, 20), st.integers(0, 60).map(float)),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=60)
+@given(
+    trace=traces,
+    num_blocks=st.integers(12, 40),
+    budget=st.integers(8, 64),
+    max_num_seqs=st.integers(1, 8),
+    mode=st.sampled_from(["recompute", "swap"]),
+)
+def test_every_request_finishes_and_every_block_comes_back(trace, num_blocks, budget, max_num_seqs, mode):
+    cache = PagedKVCacheManager(num_blocks, 4, num_cpu_blocks=num_blocks if mode == "swap" else 0)
+    result = run_trace(
+        trace, cache, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, preemption_mode=mode
+    )
+    assert sorted(result.finish_step) == list(range(len(trace)))
+    assert cache.num_free_blocks == num_blocks and not cache.tables and not cache.swapped
+    assert all(s.num_scheduled_tokens <= budget and s.num_running <= max_num_seqs for s in result.steps)
+
+
+def test_soak_500_requests_under_tight_memory_both_modes():
+    import random
+
+    rng = random.Random(0)
+    trace = [
+        TraceRequest(rng.randint(1, 60), rng.randint(1, 80), float(rng.randint(0, 200))) for _ in range(500)
+    ]
+    for mode in ("recompute", "swap"):
+        cache = PagedKVCacheManager(20, 8, num_cpu_blocks=40 if mode == "swap" else 0)
+        result = run_trace(trace, cache, max_num_batched_tokens=64, preemption_mode=mode)
+        assert len(result.finish_step) == 500 and result.num_preemptions > 100
+        assert cache.num_free_blocks == 20
