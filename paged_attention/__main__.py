@@ -1,8 +1,9 @@
-"""Command line: ``python -m paged_attention {demo, bench, figures}``.
+"""Command line: ``python -m paged_attention {demo, generate, walkthrough, bench, figures}``.
 
-* ``demo``: the main job; today a live walkthrough of paged KV memory (allocator, page tables,
-  fork and copy-on-write) with a memory map after every step.
-* ``bench <name>``: benchmarks (``allocator``, ``kernel``); each measures side by side in one run.
+* ``demo``: the main job: serve a batch of requests with the embedded model under a small KV budget.
+* ``generate``: stream one completion from a model (``--model`` folder or cached hub name).
+* ``walkthrough``: paged KV memory step by step (allocator, page tables, fork, copy-on-write).
+* ``bench <name>``: benchmarks (``allocator``, ``kernel``, ``engine``); each measures side by side.
 * ``figures``: regenerate every figure under ``figures/`` by running the notebooks that draw them.
 """
 
@@ -11,15 +12,53 @@ from __future__ import annotations
 import argparse
 import sys
 
-BENCHMARKS = ("allocator", "kernel")
+BENCHMARKS = ("allocator", "kernel", "engine")
+
+
+def _generate(opts: argparse.Namespace) -> None:
+    from .engine import LLMEngine
+    from .sampling import SamplingParams
+
+    engine = LLMEngine(opts.model, dtype=opts.dtype, num_kv_blocks=opts.num_kv_blocks, seed=opts.seed)
+    params = SamplingParams(temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens,
+                            seed=opts.seed)  # fmt: skip
+    request_id = engine.add_request(None, opts.prompt, params)
+    seq = engine.requests[request_id].seqs[0]
+    print(opts.prompt, end="", flush=True)
+    shown = ""
+    while engine.has_unfinished_requests():
+        finished = engine.step()
+        text = finished[0].outputs[0].text if finished else engine.tokenizer.decode(seq.output_token_ids,
+                                                                                     skip_special_tokens=True)  # fmt: skip
+        if text.startswith(shown) and not text.endswith("\ufffd"):  # hold back half a UTF-8 character
+            print(text[len(shown) :], end="", flush=True)
+            shown = text
+        if finished:
+            print(
+                f"\n[{finished[0].outputs[0].finish_reason}: {len(finished[0].outputs[0].token_ids)} tokens]"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m paged_attention", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="walk through paged KV memory step by step")
+    demo = sub.add_parser("demo", help="serve a batch of requests under a small KV budget")
+    demo.add_argument("--requests", type=int, default=48)
+    demo.add_argument("--num-kv-blocks", type=int, default=96)
+    demo.add_argument("--block-size", type=int, default=16)
     demo.add_argument("--seed", type=int, default=0)
+    gen = sub.add_parser("generate", help="stream one completion")
+    gen.add_argument("--model", default=None, help="checkpoint folder or cached hub name (default: embedded)")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.8)
+    gen.add_argument("--top-p", type=float, default=0.95)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--dtype", default=None)
+    gen.add_argument("--num-kv-blocks", type=int, default=None)
+    walk = sub.add_parser("walkthrough", help="paged KV memory step by step")
+    walk.add_argument("--seed", type=int, default=0)
     bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
     bench.add_argument("name", choices=BENCHMARKS)
     figures = sub.add_parser("figures", help="regenerate figures/ from the notebooks")
@@ -31,11 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     if opts.command == "demo":
         from .demo import run_demo
 
-        run_demo(seed=opts.seed)
-    elif opts.command == "bench":
-        from .benchmarks import allocator, kernel
+        run_demo(opts.requests, opts.num_kv_blocks, opts.block_size, opts.seed)
+    elif opts.command == "generate":
+        _generate(opts)
+    elif opts.command == "walkthrough":
+        from .walkthrough import run_walkthrough
 
-        {"allocator": allocator.main, "kernel": kernel.main}[opts.name](rest)
+        run_walkthrough(seed=opts.seed)
+    elif opts.command == "bench":
+        from .benchmarks import allocator, engine, kernel
+
+        {"allocator": allocator.main, "kernel": kernel.main, "engine": engine.main}[opts.name](rest)
     elif opts.command == "figures":
         from .figures import regenerate_figures
 

@@ -104,10 +104,14 @@ class StepStats:
     num_running: int
     num_waiting: int
     num_swapped: int
+    num_scheduled_seqs: int  # the batch size of this step
     num_scheduled_tokens: int
     num_preempted: int
     kv_usage: float
-    seconds: float
+    seconds: float  # the whole step
+    schedule_seconds: float  # scheduler + cache manager (allocator, page tables)
+    prepare_seconds: float  # packing the batch: ids, positions, slot mapping, block tables
+    forward_seconds: float  # the model's forward pass (attention included)
 
 
 class LLMEngine:
@@ -278,7 +282,9 @@ class LLMEngine:
         """Schedule, run the model once, sample, and return the requests that finished in this step."""
         start = time.perf_counter()
         out = self.scheduler.schedule()
+        scheduled_at = time.perf_counter()
         self._move_blocks(out)
+        self.runner.last_prepare_seconds = self.runner.last_forward_seconds = 0.0
         finished_requests: dict[str, _Request] = {}
         if not out.is_empty:
             tables = [self.cache_manager.block_table(s.seq.seq_id) for s in out.scheduled]
@@ -306,10 +312,14 @@ class LLMEngine:
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
             num_swapped=len(self.scheduler.swapped),
+            num_scheduled_seqs=len(out.scheduled),
             num_scheduled_tokens=out.num_tokens,
             num_preempted=len(out.preempted),
             kv_usage=self.cache_manager.usage,
             seconds=time.perf_counter() - start,
+            schedule_seconds=scheduled_at - start,
+            prepare_seconds=self.runner.last_prepare_seconds,
+            forward_seconds=self.runner.last_forward_seconds,
         )
         results = []
         for request in finished_requests.values():

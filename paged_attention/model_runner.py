@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -122,10 +123,12 @@ class ModelRunner:
         model.set_attn_implementation(ATTENTION_NAME)
         self.base_model = model.base_model
         self.lm_head = model.get_output_embeddings()
+        self.last_prepare_seconds = self.last_forward_seconds = 0.0  # timings of the latest step
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSequence], block_tables: list[list[int]]) -> torch.Tensor:
         """Run one step; returns logits ``[num_sampling_seqs, vocab]`` for the sequences that sample."""
+        start = time.perf_counter()
         token_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -133,11 +136,11 @@ class ModelRunner:
         starts = [0]
         last_rows: list[int] = []
         for s in scheduled:
-            start = s.start
-            token_ids += s.seq.tokens[start : start + s.num_new_tokens]
-            positions += range(start, start + s.num_new_tokens)
+            first = s.start
+            token_ids += s.seq.tokens[first : first + s.num_new_tokens]
+            positions += range(first, first + s.num_new_tokens)
             slots += s.slot_mapping
-            seq_lens.append(start + s.num_new_tokens)
+            seq_lens.append(first + s.num_new_tokens)
             starts.append(starts[-1] + s.num_new_tokens)
             if s.samples:
                 last_rows.append(starts[-1] - 1)
@@ -157,8 +160,16 @@ class ModelRunner:
         )
         input_ids = torch.tensor([token_ids], device=device)
         position_ids = torch.tensor([positions], device=device)
+        prepared = time.perf_counter()
         with forward_context(ctx):
             hidden = self.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False)[0]
-        if not last_rows:
-            return hidden.new_zeros(0, self.lm_head.out_features)
-        return self.lm_head(hidden[0, last_rows])
+        logits = (
+            self.lm_head(hidden[0, last_rows])
+            if last_rows
+            else hidden.new_zeros(0, self.lm_head.out_features)
+        )
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.last_prepare_seconds = prepared - start
+        self.last_forward_seconds = time.perf_counter() - prepared
+        return logits

@@ -9,8 +9,8 @@ from paged_attention.memory_map import format_memory_map
 from paged_attention.page_table import PageTable
 
 
-def test_demo_walks_through_fork_copy_on_write_and_frees_everything(capsys):
-    assert main(["demo"]) == 0
+def test_walkthrough_shows_fork_copy_on_write_and_frees_everything(capsys):
+    assert main(["walkthrough"]) == 0
     out = capsys.readouterr().out
     assert "copy-on-write: block" in out
     assert "read its keys back through its page table: OK" in out
@@ -18,9 +18,22 @@ def test_demo_walks_through_fork_copy_on_write_and_frees_everything(capsys):
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_demo_runs_for_other_seeds(seed, capsys):
-    assert main(["demo", "--seed", str(seed)]) == 0
+def test_walkthrough_runs_for_other_seeds(seed, capsys):
+    assert main(["walkthrough", "--seed", str(seed)]) == 0
     assert "blocks free again" in capsys.readouterr().out
+
+
+def test_demo_serves_a_batch_under_a_small_budget(capsys):
+    assert main(["demo", "--requests", "6", "--num-kv-blocks", "32", "--block-size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "served 6 requests" in out and "preemptions:" in out
+    assert "every block is free again: True" in out
+
+
+def test_generate_streams_one_completion(capsys):
+    assert main(["generate", "--prompt", "Paged memory", "--max-tokens", "5", "--temperature", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Paged memory") and "[length: 5 tokens]" in out
 
 
 def test_bench_allocator_prints_a_table_and_writes_json(tmp_path, capsys):

@@ -1,11 +1,16 @@
 """Pure-PyTorch paged attention: the oracle every kernel is tested against, and the CPU fast path.
 
-The recipe is the definition of PagedAttention with nothing clever in it: for each sequence,
-gather its keys and values out of the pages its block table lists, then run ordinary attention.
-Arithmetic is in float32 whatever the cache dtype, and the result is cast back to the query's dtype.
+The recipe is the definition of PagedAttention with nothing clever in it: gather each sequence's
+keys and values out of the pages its block table lists, then run ordinary attention. Decode does
+it for the whole batch at once (pad every sequence to the longest, mask the padding), because on a
+CPU one big tensor operation beats a Python loop of small ones; prefill walks the sequences that
+bring several new tokens one by one, since their causal masks differ. Arithmetic is in float32
+whatever the cache dtype, and the result is cast back to the query's dtype.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 
@@ -19,28 +24,56 @@ def gather_kv(
     block_size = key_cache.shape[1]
     num_blocks = -(-seq_len // block_size)
     blocks = block_table[:num_blocks].long()
-    keys = key_cache[blocks].flatten(0, 1)[:seq_len]
-    values = value_cache[blocks].flatten(0, 1)[:seq_len]
-    return keys, values
+    return key_cache[blocks].flatten(0, 1)[:seq_len], value_cache[blocks].flatten(0, 1)[:seq_len]
 
 
-def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal_offset: int | None
-) -> torch.Tensor:
-    """q ``[q_len, H, D]``, k/v ``[kv_len, H_kv, D]`` -> ``[q_len, H, D]`` in float32.
+def gather_kv_padded(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every sequence's keys and values padded to the longest: ``[num_seqs, max_len, kv_heads, dim]``,
+    and the ``[num_seqs, max_len]`` mask of real positions.
 
-    With ``causal_offset`` set, query ``i`` sits at position ``causal_offset + i`` and sees keys
-    ``0 .. causal_offset + i``; without it every query sees every key (decode).
+    Padding *values* are set to zero, because a padded slot may hold anything (even NaN) and
+    ``0 * NaN`` is NaN; padding *keys* are left alone, since their scores are masked to -inf anyway.
     """
-    group = q.shape[1] // k.shape[1]
-    k = k.float().repeat_interleave(group, dim=1)  # GQA: each KV head serves `group` query heads
-    v = v.float().repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
-    if causal_offset is not None:
-        q_pos = causal_offset + torch.arange(q.shape[0], device=q.device)[:, None]
-        k_pos = torch.arange(k.shape[0], device=q.device)[None, :]
-        scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
+    block_size = key_cache.shape[1]
+    max_len = int(seq_lens.max())
+    width = -(-max_len // block_size)
+    positions = torch.arange(width * block_size, device=seq_lens.device)
+    valid = positions[None, :] < seq_lens[:, None]
+    used = valid.view(-1, width, block_size)[:, :, 0]
+    blocks = torch.where(used, block_tables[:, :width], 0).long()  # padding entries may hold anything
+    keys = key_cache[blocks].flatten(1, 2)[:, :max_len]
+    values = value_cache[blocks].flatten(1, 2)[:, :max_len]
+    valid = valid[:, :max_len]
+    values.masked_fill_(~valid[:, :, None, None], 0)  # in place: `values` is a fresh gathered copy
+    return keys, values, valid
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """``q[b, q_len, H, D]`` over ``k/v[b, kv_len, H_kv, D]``, where ``visible[b, q_len, kv_len]`` allows.
+
+    Returns float32 ``[b, q_len, H, D]``. Grouped-query attention: each KV head serves the
+    ``group = H // H_kv`` consecutive query heads above it, so the queries are regrouped under their
+    KV head and every key is used by ``group * q_len`` query rows in one matrix product (no copies
+    of K or V per query head).
+    """
+    b, q_len, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[2]
+    group = num_heads // num_kv_heads
+    rows = group * q_len  # query rows per KV head, ordered (head in group, token)
+    q = q.float().view(b, q_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+    scores = q.reshape(b, num_kv_heads, rows, head_dim) @ k.float().permute(0, 2, 3, 1) * scale
+    mask = visible[:, None, None].expand(b, 1, group, q_len, visible.shape[-1]).reshape(b, 1, rows, -1)
+    scores = scores.masked_fill(~mask, float("-inf"))  # [b, kv_heads, rows, kv_len]
+    out = torch.softmax(scores, dim=-1) @ v.float().permute(0, 2, 1, 3)  # [b, kv_heads, rows, D]
+    return (
+        out.view(b, num_kv_heads, group, q_len, head_dim)
+        .permute(0, 3, 1, 2, 4)
+        .reshape(b, q_len, num_heads, head_dim)
+    )
 
 
 def paged_decode(
@@ -58,12 +91,19 @@ def paged_decode(
         raise ValueError(
             f"decode has one query per sequence: {query.shape[0]} queries, {seq_lens.shape[0]} seq_lens"
         )
-    scale = default_scale(query.shape[2], scale)
-    out = torch.empty_like(query)
-    for i, seq_len in enumerate(seq_lens.tolist()):
-        k, v = gather_kv(key_cache, value_cache, block_tables[i], seq_len)
-        out[i] = _attend(query[i : i + 1], k, v, scale, causal_offset=None)[0].to(query.dtype)
-    return out
+    if query.shape[0] == 0:
+        return torch.empty_like(query)
+    return _decode(
+        query, key_cache, value_cache, block_tables, seq_lens, default_scale(query.shape[2], scale)
+    )
+
+
+def _decode(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, scale: float,
+) -> torch.Tensor:  # fmt: skip
+    keys, values, valid = gather_kv_padded(key_cache, value_cache, block_tables, seq_lens)
+    return attend(query[:, None], keys, values, valid[:, None, :], scale)[:, 0].to(query.dtype)
 
 
 def paged_prefill(
@@ -83,9 +123,20 @@ def paged_prefill(
     scale = default_scale(query.shape[2], scale)
     out = torch.empty_like(query)
     starts = query_start_loc.tolist()
+    q_lens = [b - a for a, b in itertools.pairwise(starts)]
+    single = [i for i, n in enumerate(q_lens) if n == 1]
+    if single:  # sequences in their decode phase: one batched gather, as in paged_decode
+        rows = torch.tensor([starts[i] for i in single], device=query.device)
+        index = torch.tensor(single, device=query.device)
+        out[rows] = _decode(query[rows], key_cache, value_cache, block_tables[index], seq_lens[index], scale)
     for i, seq_len in enumerate(seq_lens.tolist()):
+        if q_lens[i] == 1:
+            continue
         start, end = starts[i], starts[i + 1]
         k, v = gather_kv(key_cache, value_cache, block_tables[i], seq_len)
-        context = seq_len - (end - start)
-        out[start:end] = _attend(query[start:end], k, v, scale, causal_offset=context).to(query.dtype)
+        q_pos = seq_len - q_lens[i] + torch.arange(q_lens[i], device=query.device)
+        visible = torch.arange(seq_len, device=query.device)[None, :] <= q_pos[:, None]
+        out[start:end] = attend(query[None, start:end], k[None], v[None], visible[None], scale)[0].to(
+            query.dtype
+        )
     return out
