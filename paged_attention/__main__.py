@@ -20,16 +20,20 @@ def _generate(opts: argparse.Namespace) -> None:
     from .sampling import SamplingParams
 
     engine = LLMEngine(opts.model, dtype=opts.dtype, num_kv_blocks=opts.num_kv_blocks, seed=opts.seed)
-    params = SamplingParams(temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens,
-                            seed=opts.seed)  # fmt: skip
+    params = SamplingParams(
+        temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens, seed=opts.seed
+    )
     request_id = engine.add_request(None, opts.prompt, params)
     seq = engine.requests[request_id].seqs[0]
     print(opts.prompt, end="", flush=True)
     shown = ""
     while engine.has_unfinished_requests():
         finished = engine.step()
-        text = finished[0].outputs[0].text if finished else engine.tokenizer.decode(seq.output_token_ids,
-                                                                                     skip_special_tokens=True)  # fmt: skip
+        text = (
+            finished[0].outputs[0].text
+            if finished
+            else engine.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+        )
         if text.startswith(shown) and not text.endswith("\ufffd"):  # hold back half a UTF-8 character
             print(text[len(shown) :], end="", flush=True)
             shown = text

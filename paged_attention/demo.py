@@ -16,18 +16,19 @@ from .engine import LLMEngine
 from .models import DEFAULT_MODEL_NAME
 from .sampling import SamplingParams
 
-WORDS = (
+SENTENCE = (
     "the page table maps each logical block of a sequence to a physical block of the cache so memory "
     "is taken one block at a time as tokens arrive and returned the moment a request finishes"
-).split()
+)
 
 
 def demo_requests(num_requests: int, seed: int) -> list[tuple[str, SamplingParams]]:
     """Seeded prompts of 4-40 words, each asking for 16-128 tokens."""
     rng = random.Random(seed)
+    words = SENTENCE.split()
     requests = []
     for i in range(num_requests):
-        prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 40)))
+        prompt = " ".join(rng.choice(words) for _ in range(rng.randint(4, 40)))
         params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=rng.randint(16, 128), seed=seed + i)
         requests.append((prompt, params))
     return requests

@@ -57,8 +57,13 @@ def run_paged(model: torch.nn.Module, tokenizer: object, work: Workload, max_num
     seconds = time.perf_counter() - start
     busy = [s for s in steps if s.num_scheduled_seqs >= 32] or steps
     overhead = sum(s.schedule_seconds + s.prepare_seconds for s in busy) / sum(s.seconds for s in busy)
-    return {"seconds": seconds, "outputs": [outputs[i] for i in range(len(work.prompts))],
-            "overhead": overhead, "overhead_steps": len(busy), "steps": len(steps)}  # fmt: skip
+    return {
+        "seconds": seconds,
+        "outputs": [outputs[i] for i in range(len(work.prompts))],
+        "overhead": overhead,
+        "overhead_steps": len(busy),
+        "steps": len(steps),
+    }
 
 
 def run_hf_static(model: torch.nn.Module, pad_id: int, work: Workload, batch_size: int) -> dict:
@@ -72,8 +77,14 @@ def run_hf_static(model: torch.nn.Module, pad_id: int, work: Workload, batch_siz
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         longest = max(lens)
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=longest,
-                                 min_new_tokens=longest, do_sample=False, pad_token_id=pad_id)  # fmt: skip
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=longest,
+                min_new_tokens=longest,
+                do_sample=False,
+                pad_token_id=pad_id,
+            )
         outputs += [row[width : width + n].tolist() for row, n in zip(out, lens, strict=True)]
     return {"seconds": time.perf_counter() - start, "outputs": outputs}
 
@@ -114,8 +125,10 @@ def main(args: list[str] | None = None) -> None:
     ours_model, tokenizer = load_model(opts.model)
     hf_model, _ = load_model(opts.model)  # a separate instance: our engine swaps the attention function
     work = make_workload(opts.requests, ours_model.config.vocab_size, opts.seed)
-    print(f"{opts.requests} requests, prompts 8-64 tokens, outputs 16-128 tokens ({work.useful_tokens} in all), "
-          f"batch size / max running sequences {opts.batch_size}, torch threads {torch.get_num_threads()}")  # fmt: skip
+    print(
+        f"{opts.requests} requests, prompts 8-64 tokens, outputs 16-128 tokens ({work.useful_tokens} in all), "
+        f"batch size / max running sequences {opts.batch_size}, torch threads {torch.get_num_threads()}"
+    )
     results = {"paged-engine": run_paged(ours_model, tokenizer, work, opts.batch_size)}
     if "hf-static" not in opts.skip:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -129,7 +142,11 @@ def main(args: list[str] | None = None) -> None:
     print(f"\n{'method':>14} {'seconds':>8} {'useful tok/s':>13} {'paged-engine is':>16} {'same tokens':>12}")
     for name, r in results.items():
         same = sum(a == b for a, b in zip(r["outputs"], ours["outputs"], strict=True))
-        print(f"{name:>14} {r['seconds']:>8.1f} {work.useful_tokens / r['seconds']:>13.0f} "
-              f"{r['seconds'] / ours['seconds']:>15.2f}x {same:>6}/{len(work.prompts)}")  # fmt: skip
-    print(f"\npaged-engine bookkeeping (scheduler + allocator + batch packing): {ours['overhead']:.1%} of step "
-          f"time over {ours['overhead_steps']} steps with >= 32 sequences ({ours['steps']} steps in all)")  # fmt: skip
+        print(
+            f"{name:>14} {r['seconds']:>8.1f} {work.useful_tokens / r['seconds']:>13.0f} "
+            f"{r['seconds'] / ours['seconds']:>15.2f}x {same:>6}/{len(work.prompts)}"
+        )
+    print(
+        f"\npaged-engine bookkeeping (scheduler + allocator + batch packing): {ours['overhead']:.1%} of step "
+        f"time over {ours['overhead_steps']} steps with >= 32 sequences ({ours['steps']} steps in all)"
+    )
