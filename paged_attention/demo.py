@@ -39,9 +39,10 @@ def run_demo(num_requests: int = 48, num_kv_blocks: int = 96, block_size: int = 
 
     engine = LLMEngine(DEFAULT_MODEL_NAME, block_size=block_size, num_kv_blocks=num_kv_blocks, seed=seed)
     slots = num_kv_blocks * block_size
+    mib = num_kv_blocks * engine.spec.bytes_per_block(block_size) / 2**20
     print(
         f"model: {DEFAULT_MODEL_NAME} (random weights), KV cache: {num_kv_blocks} blocks x {block_size} "
-        f"slots = {slots} token slots ({num_kv_blocks * engine.spec.bytes_per_block(block_size) / 2**20:.1f} MiB)"
+        f"slots = {slots} token slots ({mib:.1f} MiB)"
     )
     requests = demo_requests(num_requests, seed)
     for i, (prompt, params) in enumerate(requests):

@@ -126,7 +126,8 @@ def main(args: list[str] | None = None) -> None:
     hf_model, _ = load_model(opts.model)  # a separate instance: our engine swaps the attention function
     work = make_workload(opts.requests, ours_model.config.vocab_size, opts.seed)
     print(
-        f"{opts.requests} requests, prompts 8-64 tokens, outputs 16-128 tokens ({work.useful_tokens} in all), "
+        f"{opts.requests} requests, prompts 8-64 tokens, "
+        f"outputs 16-128 tokens ({work.useful_tokens} in all), "
         f"batch size / max running sequences {opts.batch_size}, torch threads {torch.get_num_threads()}"
     )
     results = {"paged-engine": run_paged(ours_model, tokenizer, work, opts.batch_size)}
