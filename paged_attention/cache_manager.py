@@ -83,7 +83,9 @@ class PagedKVCacheManager:
         return self.allocator.num_blocks
 
     def fits_at_all(self, max_total_tokens: int) -> bool:
-        return cdiv(max_total_tokens, self.block_size) <= self.allocator.num_blocks
+        # Admission keeps the watermark free, so a request must fit beside it, or it would be
+        # accepted and then wait forever (holding up everyone queued behind it).
+        return cdiv(max_total_tokens, self.block_size) <= self.allocator.num_blocks - self.watermark_blocks
 
     def can_admit(self, seq_id: int, num_new_tokens: int, max_total_tokens: int) -> bool:
         needed = cdiv(num_new_tokens, self.block_size)

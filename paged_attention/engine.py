@@ -234,8 +234,9 @@ class LLMEngine:
             if not self.cache_manager.fits_at_all(seq.max_total_tokens):
                 raise ValueError(
                     f"request {request_id!r} needs up to {seq.max_total_tokens} tokens of KV cache "
-                    f"(prompt + max_tokens) but the whole cache holds "
-                    f"{self.cache_manager.num_blocks * self.cache_manager.block_size}"
+                    f"(prompt + max_tokens) but the cache holds "
+                    f"{self.cache_manager.num_blocks * self.cache_manager.block_size} "
+                    f"(of which {self.cache_manager.watermark_blocks} blocks stay free for running sequences)"
                 )
         for seq in seqs:
             self.scheduler.add(seq)

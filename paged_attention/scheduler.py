@@ -108,7 +108,7 @@ class Scheduler:
         if not self.cache.fits_at_all(seq.max_total_tokens):
             raise ValueError(
                 f"request {seq.request_id!r} needs up to {seq.max_total_tokens} tokens of KV cache "
-                "(prompt + max_tokens), more than the whole cache holds"
+                "(prompt + max_tokens), more than the cache can give one sequence"
             )
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)

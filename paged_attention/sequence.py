@@ -37,7 +37,7 @@ class FinishReason(str, enum.Enum):
     ABORTED = "abort"
 
 
-@dataclass
+@dataclass(eq=False)  # identity, not field-by-field equality: queues look sequences up with `in`
 class Sequence:
     """The state of one sequence; ``tokens`` is the prompt followed by the output so far."""
 

@@ -24,7 +24,8 @@ def gather_kv(
     block_size = key_cache.shape[1]
     num_blocks = -(-seq_len // block_size)
     blocks = block_table[:num_blocks].long()
-    return key_cache[blocks].flatten(0, 1)[:seq_len], value_cache[blocks].flatten(0, 1)[:seq_len]
+    keys = key_cache.index_select(0, blocks).flatten(0, 1)[:seq_len]
+    return keys, value_cache.index_select(0, blocks).flatten(0, 1)[:seq_len]
 
 
 def gather_kv_padded(
@@ -43,8 +44,10 @@ def gather_kv_padded(
     valid = positions[None, :] < seq_lens[:, None]
     used = valid.view(-1, width, block_size)[:, :, 0]
     blocks = torch.where(used, block_tables[:, :width], 0).long()  # padding entries may hold anything
-    keys = key_cache[blocks].flatten(1, 2)[:, :max_len]
-    values = value_cache[blocks].flatten(1, 2)[:, :max_len]
+    shape = (blocks.shape[0], width * block_size, *key_cache.shape[2:])
+    # index_select copies whole blocks and is several times faster than key_cache[blocks] on a CPU.
+    keys = key_cache.index_select(0, blocks.view(-1)).view(shape)[:, :max_len]
+    values = value_cache.index_select(0, blocks.view(-1)).view(shape)[:, :max_len]
     valid = valid[:, :max_len]
     values.masked_fill_(~valid[:, :, None, None], 0)  # in place: `values` is a fresh gathered copy
     return keys, values, valid
