@@ -37,6 +37,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import kernels
+from .kernels import reference
+from .kernels.validation import check_tables
 from .kv_cache import KVCache
 from .scheduler import ScheduledSequence
 
@@ -54,6 +56,7 @@ class ForwardContext:
     query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
     decode_only: bool  # every sequence brings exactly one token
     backend: str
+    plan: reference.GatherPlan | None = None  # torch-backend decode: built once, used by every layer
 
 
 _context: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(
@@ -93,7 +96,10 @@ def paged_attention_forward(
     key_cache, value_cache = ctx.kv_cache.key_cache(layer), ctx.kv_cache.value_cache(layer)
     kernels.store_kv(k, v, key_cache, value_cache, ctx.slot_mapping, backend=ctx.backend)
     q = q.contiguous()
-    if ctx.decode_only:
+    if ctx.plan is not None:  # checked once when the plan was built; the cache holds finite numbers only
+        scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+        out = reference.decode_with_plan(q, key_cache, value_cache, ctx.plan, scale, zero_padding=False)
+    elif ctx.decode_only:
         out = kernels.paged_decode(q, key_cache, value_cache, ctx.block_tables, ctx.seq_lens, scaling,
                                    backend=ctx.backend)  # fmt: skip
     else:
@@ -137,7 +143,7 @@ class ModelRunner:
         last_rows: list[int] = []
         for s in scheduled:
             first = s.start
-            token_ids += s.seq.tokens[first : first + s.num_new_tokens]
+            token_ids += s.seq.token_slice(first, first + s.num_new_tokens)
             positions += range(first, first + s.num_new_tokens)
             slots += s.slot_mapping
             seq_lens.append(first + s.num_new_tokens)
@@ -158,6 +164,11 @@ class ModelRunner:
             decode_only=len(token_ids) == len(scheduled),
             backend=self.backend,
         )
+        if ctx.decode_only and self.backend == "torch":
+            ctx.block_tables, ctx.seq_lens, _ = check_tables(
+                ctx.block_tables, ctx.seq_lens, self.kv_cache.key_cache(0), device
+            )
+            ctx.plan = reference.GatherPlan.build(ctx.block_tables, ctx.seq_lens, self.kv_cache.block_size)
         input_ids = torch.tensor([token_ids], device=device)
         position_ids = torch.tensor([positions], device=device)
         prepared = time.perf_counter()

@@ -81,7 +81,9 @@ class PageTable:
 
     def needs_copy_on_write(self) -> bool:
         """True when the next token would land in a partly filled block that another table shares."""
-        return self.num_tokens % self.block_size != 0 and self.allocator.ref_count(self.block_ids[-1]) > 1
+        return (
+            self.num_tokens % self.block_size != 0 and self.allocator.blocks[self.block_ids[-1]].ref_cnt > 1
+        )
 
     def blocks_needed(self, num_new_tokens: int) -> int:
         """Fresh blocks that appending ``num_new_tokens`` would take from the allocator."""
@@ -100,6 +102,12 @@ class PageTable:
         physical block to copy into which. All or nothing: if the allocator cannot provide every
         block needed, :class:`NoFreeBlocksError` is raised and the table is unchanged.
         """
+        bs, ids = self.block_size, self.block_ids
+        start = self.num_tokens
+        if num_new_tokens == 1 and start % bs and self.allocator.blocks[ids[-1]].ref_cnt == 1:
+            # The decode fast path: one token into a private, partly filled last block.
+            self.num_tokens = start + 1
+            return AppendResult([ids[-1] * bs + start % bs], None)
         needed = self.blocks_needed(num_new_tokens)
         if num_new_tokens == 0:
             return AppendResult([], None)
@@ -108,9 +116,7 @@ class PageTable:
         copy = self._copy_on_write() if self.needs_copy_on_write() else None
         while len(self.block_ids) * self.block_size < self.num_tokens + num_new_tokens:
             self.block_ids.append(self.allocator.allocate())
-        start = self.num_tokens
         self.num_tokens += num_new_tokens
-        bs, ids = self.block_size, self.block_ids
         slots = [ids[p // bs] * bs + p % bs for p in range(start, self.num_tokens)]
         return AppendResult(slots, copy)
 

@@ -167,3 +167,11 @@ def test_a_request_that_fits_only_by_eating_the_watermark_is_rejected_not_stalle
         scheduler.add(seq(0, 1590, max_tokens=10))  # 100 blocks: would never be admitted
     result = run_trace([TraceRequest(1570, 10)], PagedKVCacheManager(100, 16), max_num_batched_tokens=4096)
     assert result.finish_step == {0: 9}  # 99 blocks: prefilled at step 0, 10th token at step 9
+
+
+@pytest.mark.parametrize(("start", "end"), [(0, 3), (2, 6), (3, 5), (4, 6), (0, 6), (5, 6), (6, 6)])
+def test_token_slice_matches_slicing_the_whole_token_list(start, end):
+    s = seq(0, 4)
+    s.prompt_token_ids = [10, 11, 12, 13]
+    s.output_token_ids = [20, 21]
+    assert s.token_slice(start, end) == s.tokens[start:end]

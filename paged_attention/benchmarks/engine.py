@@ -74,11 +74,13 @@ def run_paged(
         steps.append(engine.last_step)
     seconds = time.perf_counter() - start
     busy = [s for s in steps if s.num_scheduled_seqs >= 32] or steps
-    overhead = sum(s.schedule_seconds + s.prepare_seconds for s in busy) / sum(s.seconds for s in busy)
+    total = sum(s.seconds for s in busy)
+    overhead = sum(s.schedule_seconds + s.prepare_seconds for s in busy) / total
     return {
         "seconds": seconds,
         "outputs": [outputs[i] for i in range(len(work.prompts))],
         "overhead": overhead,
+        "schedule_share": sum(s.schedule_seconds for s in busy) / total,
         "overhead_steps": len(busy),
         "steps": len(steps),
         "peak_batch": max(s.num_scheduled_seqs for s in steps),
@@ -141,6 +143,7 @@ def main(args: list[str] | None = None) -> None:
         "--max-num-seqs", type=int, default=256, help="the paged engine's running-sequence cap"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per method; the fastest counts")
     parser.add_argument("--skip", nargs="*", default=[], choices=["hf-static", "hf-continuous"])
     opts = parser.parse_args(args)
     ours_model, tokenizer = load_model(opts.model)
@@ -153,15 +156,25 @@ def main(args: list[str] | None = None) -> None:
     )
     kv_slots = static_batch_slots(work, opts.batch_size)
     print(f"KV budget of both batched methods: {kv_slots} token slots (one padded static batch)")
-    results = {"paged-engine": run_paged(ours_model, tokenizer, work, kv_slots, opts.max_num_seqs)}
-    if "hf-static" not in opts.skip:
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        results["hf-static"] = run_hf_static(hf_model, pad, work, opts.batch_size)
-    if "hf-continuous" not in opts.skip:
-        try:
-            results["hf-continuous"] = run_hf_continuous(hf_model, work)
-        except Exception as err:  # report and go on: it is someone else's code on a CPU
-            print(f"hf-continuous failed: {type(err).__name__}: {err}")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    contenders = {
+        "paged-engine": lambda: run_paged(ours_model, tokenizer, work, kv_slots, opts.max_num_seqs),
+        "hf-static": lambda: run_hf_static(hf_model, pad, work, opts.batch_size),
+        "hf-continuous": lambda: run_hf_continuous(hf_model, work),
+    }
+    results = {}
+    for _ in range(opts.repeats):  # interleaved, so that a noisy moment hurts every method alike
+        for name, run in contenders.items():
+            if name in opts.skip:
+                continue
+            try:
+                r = run()
+            except Exception as err:  # report and go on: it is someone else's code on a CPU
+                print(f"{name} failed: {type(err).__name__}: {err}")
+                opts.skip.append(name)
+                continue
+            if name not in results or r["seconds"] < results[name]["seconds"]:
+                results[name] = r
     ours = results["paged-engine"]
     print(f"\n{'method':>14} {'seconds':>8} {'useful tok/s':>13} {'paged-engine is':>16} {'same tokens':>12}")
     for name, r in results.items():
@@ -172,9 +185,10 @@ def main(args: list[str] | None = None) -> None:
         )
     print(
         f"\npaged-engine: up to {ours['peak_batch']} sequences per step in that KV memory, "
-        f"{ours['preemptions']} preemptions"
+        f"{ours['preemptions']} preemptions; best of {opts.repeats} runs each"
     )
     print(
-        f"paged-engine bookkeeping (scheduler + allocator + batch packing): {ours['overhead']:.1%} of step "
-        f"time over {ours['overhead_steps']} steps with >= 32 sequences ({ours['steps']} steps in all)"
+        f"paged-engine bookkeeping: {ours['overhead']:.1%} of step time (scheduler + allocator "
+        f"{ours['schedule_share']:.1%}, batch packing {ours['overhead'] - ours['schedule_share']:.1%}) over "
+        f"{ours['overhead_steps']} steps with >= 32 sequences ({ours['steps']} steps in all)"
     )

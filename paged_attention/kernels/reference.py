@@ -11,6 +11,7 @@ whatever the cache dtype, and the result is cast back to the query's dtype.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import torch
 
@@ -28,29 +29,49 @@ def gather_kv(
     return keys, value_cache.index_select(0, blocks).flatten(0, 1)[:seq_len]
 
 
-def gather_kv_padded(
-    key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every sequence's keys and values padded to the longest: ``[num_seqs, max_len, kv_heads, dim]``,
-    and the ``[num_seqs, max_len]`` mask of real positions.
+@dataclass(frozen=True)
+class GatherPlan:
+    """Which cache blocks each sequence of a decode batch reads, padded to the longest sequence.
 
-    Padding *values* are set to zero, because a padded slot may hold anything (even NaN) and
-    ``0 * NaN`` is NaN; padding *keys* are left alone, since their scores are masked to -inf anyway.
+    It depends only on the block tables and lengths, not on the layer, so the model runner builds it
+    once per step and every layer reuses it (vLLM's attention backends do the same with their
+    per-step "metadata": work that is the same for every layer is done once).
+    """
+
+    blocks: torch.Tensor  # int64 [num_seqs * width]: block ids, padding entries pointing at block 0
+    valid: torch.Tensor  # bool [num_seqs, max_len]: real positions
+    width: int  # blocks per padded row
+    max_len: int
+
+    @classmethod
+    def build(cls, block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> GatherPlan:
+        max_len = int(seq_lens.max())
+        width = -(-max_len // block_size)
+        positions = torch.arange(width * block_size, device=seq_lens.device)
+        valid = positions[None, :] < seq_lens[:, None]
+        used = valid.view(-1, width, block_size)[:, :, 0]
+        blocks = torch.where(used, block_tables[:, :width], 0).long()  # padding entries may hold anything
+        return cls(blocks.view(-1), valid[:, :max_len], width, max_len)
+
+
+def gather_kv_padded(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, plan: GatherPlan, zero_padding: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sequence's keys and values padded to the longest: ``[num_seqs, max_len, kv_heads, dim]``.
+
+    Padding *values* are set to zero, because a padded slot may hold anything (even NaN, as in the
+    tests) and ``0 * NaN`` is NaN; a caller that knows its cache holds only finite numbers (the
+    engine's cache starts zeroed) may skip that pass. Padding *keys* are left alone: their scores
+    are masked to -inf anyway.
     """
     block_size = key_cache.shape[1]
-    max_len = int(seq_lens.max())
-    width = -(-max_len // block_size)
-    positions = torch.arange(width * block_size, device=seq_lens.device)
-    valid = positions[None, :] < seq_lens[:, None]
-    used = valid.view(-1, width, block_size)[:, :, 0]
-    blocks = torch.where(used, block_tables[:, :width], 0).long()  # padding entries may hold anything
-    shape = (blocks.shape[0], width * block_size, *key_cache.shape[2:])
+    shape = (plan.valid.shape[0], plan.width * block_size, *key_cache.shape[2:])
     # index_select copies whole blocks and is several times faster than key_cache[blocks] on a CPU.
-    keys = key_cache.index_select(0, blocks.view(-1)).view(shape)[:, :max_len]
-    values = value_cache.index_select(0, blocks.view(-1)).view(shape)[:, :max_len]
-    valid = valid[:, :max_len]
-    values.masked_fill_(~valid[:, :, None, None], 0)  # in place: `values` is a fresh gathered copy
-    return keys, values, valid
+    keys = key_cache.index_select(0, plan.blocks).view(shape)[:, : plan.max_len]
+    values = value_cache.index_select(0, plan.blocks).view(shape)[:, : plan.max_len]
+    if zero_padding:
+        values.masked_fill_(~plan.valid[:, :, None, None], 0)  # in place: `values` is a fresh copy
+    return keys, values
 
 
 def attend(
@@ -102,11 +123,28 @@ def paged_decode(
 
 
 def _decode(
-    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float,
-) -> torch.Tensor:  # fmt: skip
-    keys, values, valid = gather_kv_padded(key_cache, value_cache, block_tables, seq_lens)
-    return attend(query[:, None], keys, values, valid[:, None, :], scale)[:, 0].to(query.dtype)
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    plan = GatherPlan.build(block_tables, seq_lens, key_cache.shape[1])
+    return decode_with_plan(query, key_cache, value_cache, plan, scale)
+
+
+def decode_with_plan(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    plan: GatherPlan,
+    scale: float,
+    zero_padding: bool = True,
+) -> torch.Tensor:
+    """Decode attention from a prebuilt :class:`GatherPlan` (no checks: the caller validated once)."""
+    keys, values = gather_kv_padded(key_cache, value_cache, plan, zero_padding)
+    return attend(query[:, None], keys, values, plan.valid[:, None, :], scale)[:, 0].to(query.dtype)
 
 
 def paged_prefill(
