@@ -12,6 +12,7 @@ here with only its import line (and the model name) changed.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import time
@@ -217,7 +218,7 @@ class LLMEngine:
                 f"(max_model_len={self.max_model_len})"
             )
         if params.max_tokens is None:
-            params = _replace_max_tokens(params, room)
+            params = dataclasses.replace(params, max_tokens=room)  # vLLM: up to the model's length
         elif params.max_tokens > room:
             raise ValueError(
                 f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
@@ -490,13 +491,6 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[
         elif isinstance(source, (list, tuple)):
             ids.update(source)
     return ids
-
-
-def _replace_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
-    import dataclasses
-
-    fields = {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.init}
-    return SamplingParams(**(fields | {"max_tokens": max_tokens}))
 
 
 __all__ = ["LLM", "CompletionOutput", "LLMEngine", "RequestOutput", "SamplingParams", "SequenceStatus"]
