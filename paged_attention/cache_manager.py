@@ -155,8 +155,10 @@ class PagedKVCacheManager:
         return mapping
 
     def can_swap_in(self, seq_id: int) -> bool:
+        """Room for the sequence's blocks plus one more for its next token, above the watermark
+        (without that margin it would come back only to be preempted again at once)."""
         cpu_blocks, _ = self.swapped[seq_id]
-        return self.allocator.num_free_blocks - len(cpu_blocks) >= self.watermark_blocks
+        return self.allocator.num_free_blocks - len(cpu_blocks) - 1 >= self.watermark_blocks
 
     def swap_in(self, seq_id: int) -> list[tuple[int, int]]:
         """Bring ``seq_id``'s pages back; returns the ``(cpu_block, gpu_block)`` copies to do."""

@@ -27,7 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ._checks import check_int, check_positive_int
 from .cache_manager import PagedKVCacheManager
 from .kv_cache import KVCache, KVCacheSpec
-from .model_runner import ModelRunner
+from .model_runner import ModelRunner, attention_window, check_supported
 from .models import load_model, load_tokenizer, resolve_dtype
 from .sampling import Sampler, SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
@@ -47,6 +47,7 @@ class CompletionOutput:
     finish_reason: str | None
     stop_reason: int | str | None = None
     cumulative_logprob: float | None = None
+    logprobs: None = None  # vLLM's field; this package does not compute log-probabilities
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -144,8 +145,21 @@ class LLMEngine:
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model, self.tokenizer = _resolve_model(model, tokenizer, dtype, device)
         config = self.model.config
+        check_supported(config)
         model_max = getattr(config, "max_position_embeddings", None) or 2048
-        self.max_model_len = check_positive_int("max_model_len", max_model_len or model_max)
+        window = attention_window(config)
+        if window is not None and window < model_max:
+            # Our kernels attend to the whole context. Within the window that is exactly what a
+            # sliding-window model does, so serve sequences only up to the window's length.
+            if max_model_len is not None and max_model_len > window:
+                raise ValueError(
+                    f"max_model_len={max_model_len} exceeds the model's sliding window of {window} tokens, "
+                    "which paged_attention does not implement"
+                )
+            model_max = window
+        self.max_model_len = check_positive_int(
+            "max_model_len", model_max if max_model_len is None else max_model_len
+        )
         if self.max_model_len > model_max:
             raise ValueError(f"max_model_len={max_model_len} exceeds the model's {model_max} positions")
         self.spec = KVCacheSpec.from_config(config, next(self.model.parameters()).dtype)
@@ -160,11 +174,13 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.cache_manager,
             max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens or max(2048, self.max_model_len),
+            max_num_batched_tokens=max(2048, self.max_model_len)
+            if max_num_batched_tokens is None
+            else max_num_batched_tokens,
             preemption_mode=preemption_mode,
         )
         self.runner = ModelRunner(self.model, self.kv_cache, attention_backend)
-        self.sampler = Sampler(seed)
+        self.sampler = Sampler(check_int("seed", seed))
         self.requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
@@ -211,6 +227,8 @@ class LLMEngine:
         vocab = self.model.config.vocab_size
         if min(token_ids) < 0 or max(token_ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}), got one out of range")
+        if any(t >= vocab for t in params.stop_token_ids or []):
+            raise ValueError(f"stop_token_ids must be in [0, {vocab}), got {params.stop_token_ids}")
         room = self.max_model_len - len(token_ids)
         if room < 1:
             raise ValueError(
@@ -266,8 +284,9 @@ class LLMEngine:
         raise TypeError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
     def abort_request(self, request_id: str) -> None:
-        """Stop a request now: its sequences finish with reason ``abort`` and free their blocks."""
-        request = self.requests.get(request_id)
+        """Stop a request now: its sequences finish with reason ``abort``, free their blocks, and the
+        request is forgotten (no output is returned for it; its id may be used again)."""
+        request = self.requests.pop(request_id, None)
         if request is None:
             raise ValueError(f"no request with id {request_id!r}")
         now = time.monotonic()
@@ -291,13 +310,15 @@ class LLMEngine:
         if not out.is_empty:
             tables = [self.cache_manager.block_table(s.seq.seq_id) for s in out.scheduled]
             logits = self.runner.execute(out.scheduled, tables)
-            self.scheduler.after_step(out.scheduled)
             sampling = [s.seq for s in out.scheduled if s.samples]
+            tokens = []
             if sampling:
                 banned = [self._banned(seq) for seq in sampling]
                 tokens = self.sampler(
                     logits, [s.params for s in sampling], [s.generator for s in sampling], banned
                 )
+            self.scheduler.after_step(out.scheduled)  # only once the step has fully succeeded
+            if sampling:
                 now = time.monotonic()
                 for seq, token in zip(sampling, tokens, strict=True):
                     self._append_token(seq, token, now)
@@ -306,7 +327,7 @@ class LLMEngine:
                         request = self.requests[seq.request_id]
                         if all(s.is_finished for s in request.seqs):
                             finished_requests[request.request_id] = request
-        elif self.scheduler.has_unfinished() and not out.preempted:
+        elif self.scheduler.has_unfinished() and not (out.preempted or out.swap_in):
             raise RuntimeError(
                 "the scheduler made no progress: no sequence could be scheduled"
             )  # pragma: no cover
@@ -362,11 +383,16 @@ class LLMEngine:
             if not params.ignore_eos and token in self.eos_token_ids:
                 seq.finish(FinishReason.STOP, now)
                 return
-            if params.stop_strings:
-                text = self._detokenize(seq)
+        if params.stop_strings:
+            # Look for a stop string only where it could newly end: in the text this token added,
+            # plus the few characters before it that a stop string could start in (as vLLM does).
+            previous, text = seq.output_text, self._detokenize(seq)
+            seq.output_text = text
+            if n_out >= params.min_tokens:
                 for stop in params.stop_strings:
-                    if stop in text:
-                        seq.output_text = text[: text.index(stop)]
+                    at = text.find(stop, max(0, len(previous) - len(stop) + 1))
+                    if at >= 0:
+                        seq.output_text = text[:at]
                         seq.finish(FinishReason.STOP, now, stop_reason=stop)
                         return
         if n_out >= (params.max_tokens or 0) or seq.num_tokens >= self.max_model_len:
@@ -420,7 +446,7 @@ class LLM:
         A prompt that cannot be served (empty, too long, bad ids) raises ``ValueError`` before any
         work starts, naming its index, so that a batch is all-or-nothing like vLLM's.
         """
-        if isinstance(prompts, str) or (
+        if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
         ):
             prompts = [prompts]  # type: ignore[list-item]

@@ -118,6 +118,26 @@ AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
 AttentionMaskInterface.register(ATTENTION_NAME, _mask)
 
 
+def attention_window(config: object) -> int | None:
+    """The model's sliding attention window, if it uses one (Mistral; Qwen2 only when enabled)."""
+    window = getattr(config, "sliding_window", None)
+    if window is None or getattr(config, "use_sliding_window", True) is False:
+        return None
+    return int(window)
+
+
+def check_supported(config: object) -> None:
+    """Refuse models whose attention or logits need what our kernels do not do, instead of
+    serving them wrongly: soft-capped attention scores (Gemma 2) or rescaled logits (Cohere)."""
+    for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(config, name, None):
+            raise ValueError(f"{type(config).__name__} uses {name}, which paged_attention does not implement")
+    if getattr(config, "logit_scale", 1.0) not in (None, 1.0):
+        raise ValueError(
+            f"{type(config).__name__} rescales its logits (logit_scale), which is not implemented"
+        )
+
+
 class ModelRunner:
     """Packs a step's scheduled tokens into one row, runs the model, returns next-token logits."""
 

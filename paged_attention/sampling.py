@@ -13,6 +13,7 @@ one engine-wide generator, so they are reproducible only as a whole run.)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -75,6 +76,8 @@ class SamplingParams:
         for name in ("temperature", "top_p", "min_p"):
             if not is_number(getattr(self, name)):
                 raise TypeError(f"{name} must be a number, got {getattr(self, name)!r}")
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
         if self.temperature < 0:
@@ -136,18 +139,18 @@ class Sampler:
 
     @staticmethod
     def _probabilities(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+        """Temperature, then min-p, then top-k, then top-p (vLLM v1's order); rows need not sum to 1."""
         temperature = torch.tensor([p.temperature for p in params]).unsqueeze(1)
-        logits = logits / temperature
-        vocab = logits.shape[1]
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]).clamp(max=vocab)
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        ranks = torch.arange(vocab).unsqueeze(0)
-        sorted_logits = sorted_logits.masked_fill(ranks >= top_k.unsqueeze(1), float("-inf"))
-        sorted_probs = sorted_logits.softmax(dim=-1)
+        probs = (logits / temperature).softmax(dim=-1)
+        min_p = torch.tensor([p.min_p for p in params]).unsqueeze(1)
+        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+        vocab = probs.shape[1]
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]).unsqueeze(1)
+        sorted_probs = sorted_probs.masked_fill(torch.arange(vocab).unsqueeze(0) >= top_k, 0.0)
+        sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
         top_p = torch.tensor([p.top_p for p in params]).unsqueeze(1)
         # Keep a token if the mass strictly before it is < top_p (so the most likely token always stays).
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
-        min_p = torch.tensor([p.min_p for p in params]).unsqueeze(1)
-        sorted_probs = sorted_probs.masked_fill(sorted_probs < min_p * sorted_probs[:, :1], 0.0)
         return torch.zeros_like(sorted_probs).scatter_(1, order, sorted_probs)

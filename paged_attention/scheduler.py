@@ -198,7 +198,7 @@ class Scheduler:
             n = min(seq.num_uncomputed_tokens, budget)
             allocation = self.cache.allocate_slots(seq.seq_id, n)
             if allocation is None:
-                break
+                continue  # it runs next step (a smaller one behind it may still fit now)
             out.block_copies += allocation.copies
             out.scheduled.append(ScheduledSequence.of(seq, n, allocation.slot_mapping))
             budget -= n

@@ -304,3 +304,129 @@ def test_abort_frees_everything(models, tokenizer):
     assert engine.cache_manager.num_free_blocks == 64
     with pytest.raises(ValueError, match="no request with id"):
         engine.abort_request("zzz")
+
+
+def test_sampling_filters_follow_vllm_order_min_p_then_top_k_then_top_p():
+    from paged_attention.sampling import Sampler
+
+    logits = torch.tensor([[0.5, 0.3, 0.1, 0.1]]).log()
+    keep = Sampler._probabilities(logits, [SamplingParams(top_p=0.6, min_p=0.3)])[0] > 0
+    # min-p drops the 0.1s; renormalized, 0.5 becomes 0.625 > top_p, so top-p keeps it alone (as vLLM does).
+    assert keep.tolist() == [True, False, False, False]
+    keep = Sampler._probabilities(logits, [SamplingParams(top_p=0.9, min_p=0.3)])[0] > 0
+    assert keep.tolist() == [True, True, False, False]
+    keep = Sampler._probabilities(logits, [SamplingParams(top_k=1)])[0] > 0
+    assert keep.tolist() == [True, False, False, False]
+    keep = Sampler._probabilities(logits, [SamplingParams(top_p=0.5)])[0] > 0
+    assert keep.tolist() == [True, False, False, False]
+
+
+def test_abort_forgets_the_request_and_its_id_can_be_reused(models, tokenizer):
+    engine = LLMEngine(models["llama"], tokenizer, block_size=4, num_kv_blocks=64)
+    engine.add_request("a", PROMPTS[1], SamplingParams(max_tokens=5))
+    engine.abort_request("a")
+    assert "a" not in engine.requests and not engine.has_unfinished_requests()
+    engine.add_request("a", PROMPTS[1], SamplingParams(max_tokens=2, ignore_eos=True))
+    finished = []
+    while engine.has_unfinished_requests():
+        finished += engine.step()
+    assert [o.request_id for o in finished] == ["a"] and not engine.requests
+
+
+def test_swap_mode_never_reports_a_false_stall(models, tokenizer):
+    # Found by review: swapped sequences came back with no room for their next token, a step then
+    # scheduled nothing, and the engine wrongly reported that it could make no progress.
+    engine = LLMEngine(
+        models["micro"],
+        tokenizer,
+        block_size=4,
+        num_kv_blocks=4,
+        preemption_mode="swap",
+        max_num_batched_tokens=7,
+        max_num_seqs=5,
+    )
+    pending = [(4, 5, 1), (6, 1, 10), (7, 3, 8), (7, 5, 5), (7, 6, 6), (10, 3, 7), (10, 4, 4)]
+    step, done = 0, 0
+    while pending or engine.has_unfinished_requests():
+        while pending and pending[0][0] <= step:
+            arrival, prompt_len, n = pending.pop(0)
+            params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+            engine.add_request(None, [7 + i for i in range(prompt_len)], params, arrival_time=float(arrival))
+        done += len(engine.step())
+        step += 1
+    assert done == 7 and engine.cache_manager.num_free_blocks == 4
+
+
+def test_stop_string_made_before_min_tokens_does_not_end_the_request_later(models, tokenizer):
+    llm = LLM(models["llama"], tokenizer=tokenizer, num_kv_blocks=64)
+    free = llm.generate(
+        [PROMPTS[2]], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), use_tqdm=False
+    )
+    text = free[0].outputs[0].text
+    stop = text[:2]  # appears in the very first tokens
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=stop, min_tokens=15)
+    out = llm.generate([PROMPTS[2]], params, use_tqdm=False)[0].outputs[0]
+    later = text.find(
+        stop,
+        len(tokenizer.decode(free[0].outputs[0].token_ids[:14], skip_special_tokens=True)) - len(stop) + 1,
+    )
+    if later < 0:
+        assert out.finish_reason == "length" and len(out.token_ids) == 20
+    else:
+        assert out.text == text[:later] and len(out.token_ids) >= 15
+
+
+def test_bad_stop_token_ids_and_settings_are_rejected(models, tokenizer):
+    engine = LLMEngine(models["llama"], tokenizer, num_kv_blocks=64)
+    with pytest.raises(ValueError, match="stop_token_ids must be in"):
+        engine.add_request("x", PROMPTS[1], SamplingParams(min_tokens=2, stop_token_ids=[100_000]))
+    with pytest.raises(ValueError, match="temperature must be a finite number"):
+        SamplingParams(temperature=float("nan"))
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        LLMEngine(models["llama"], tokenizer, num_kv_blocks=64, max_num_batched_tokens=0)
+    with pytest.raises(ValueError, match="max_model_len"):
+        LLMEngine(models["llama"], tokenizer, num_kv_blocks=64, max_model_len=0)
+    with pytest.raises(TypeError, match="seed must be an int"):
+        LLMEngine(models["llama"], tokenizer, num_kv_blocks=64, seed="x")
+
+
+def test_a_single_dict_prompt_works_like_vllm(models, tokenizer):
+    llm = LLM(models["llama"], tokenizer=tokenizer, num_kv_blocks=64)
+    out = llm.generate(
+        {"prompt_token_ids": PROMPTS[1]}, SamplingParams(max_tokens=3, temperature=0), use_tqdm=False
+    )
+    assert len(out) == 1 and out[0].prompt_token_ids == PROMPTS[1] and out[0].outputs[0].logprobs is None
+
+
+def test_sliding_window_models_are_served_only_within_their_window(tokenizer):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        sliding_window=8,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    model = MistralForCausalLM(config).eval()
+    engine = LLMEngine(model, tokenizer, num_kv_blocks=16)
+    assert engine.max_model_len == 8
+    with pytest.raises(ValueError, match=r"max_model_len=8"):
+        engine.add_request("long", list(range(3, 33)), SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="sliding window of 8 tokens"):
+        LLMEngine(model, tokenizer, num_kv_blocks=16, max_model_len=64)
+
+
+def test_models_with_soft_capped_attention_are_refused(tokenizer, models):
+    model = models["micro"]
+    model.config.attn_logit_softcapping = 50.0
+    try:
+        with pytest.raises(ValueError, match="attn_logit_softcapping"):
+            LLMEngine(model, tokenizer, num_kv_blocks=16)
+    finally:
+        model.config.attn_logit_softcapping = None
