@@ -426,10 +426,19 @@ class LLM:
     With no ``model`` it serves the embedded tiny Llama (see :mod:`paged_attention.models`).
     ``gpu_memory_utilization`` sizes the KV cache on CUDA; on a CPU the cache is sized by
     ``num_kv_blocks`` or ``kv_cache_memory`` (bytes), else 512 MiB. Other keyword arguments go to
-    :class:`LLMEngine`.
+    :class:`LLMEngine`; vLLM's ``trust_remote_code``, ``enforce_eager``, ``disable_log_stats``,
+    ``swap_space`` and ``tensor_parallel_size=1`` are accepted and do nothing here.
     """
 
+    # vLLM arguments that mean nothing here, accepted so that vLLM programs run unchanged.
+    _VLLM_NO_OPS = ("trust_remote_code", "enforce_eager", "disable_log_stats", "swap_space")
+
     def __init__(self, model: str | os.PathLike | PreTrainedModel | None = None, **kwargs: Any) -> None:
+        for name in self._VLLM_NO_OPS:
+            kwargs.pop(name, None)
+        tensor_parallel_size = kwargs.pop("tensor_parallel_size", 1)
+        if tensor_parallel_size != 1:
+            raise ValueError(f"tensor_parallel_size must be 1 (one device), got {tensor_parallel_size!r}")
         self.llm_engine = LLMEngine(model, **kwargs)
 
     def get_tokenizer(self) -> PreTrainedTokenizerBase:

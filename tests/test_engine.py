@@ -430,3 +430,17 @@ def test_models_with_soft_capped_attention_are_refused(tokenizer, models):
             LLMEngine(model, tokenizer, num_kv_blocks=16)
     finally:
         model.config.attn_logit_softcapping = None
+
+
+def test_common_vllm_constructor_arguments_are_accepted(models, tokenizer):
+    llm = LLM(
+        models["llama"],
+        tokenizer=tokenizer,
+        num_kv_blocks=16,
+        trust_remote_code=True,
+        enforce_eager=True,
+        tensor_parallel_size=1,
+    )
+    assert llm.generate("abc", SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match="tensor_parallel_size must be 1"):
+        LLM(models["llama"], tokenizer=tokenizer, num_kv_blocks=16, tensor_parallel_size=2)
