@@ -480,7 +480,6 @@ class LLM:
         except Exception:
             for request_id in ids:
                 engine.abort_request(request_id)
-                engine.requests.pop(request_id, None)
             raise
         results: dict[str, RequestOutput] = {}
         progress_cls = use_tqdm if callable(use_tqdm) else tqdm
