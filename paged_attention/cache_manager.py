@@ -114,14 +114,6 @@ class PagedKVCacheManager:
     def block_table(self, seq_id: int) -> list[int]:
         return self.tables[seq_id].block_ids
 
-    def num_cached_tokens(self, seq_id: int) -> int:
-        table = self.tables.get(seq_id)
-        return table.num_tokens if table else 0
-
-    def fork(self, parent_id: int, child_id: int) -> None:
-        """``child_id`` shares every block of ``parent_id`` (parallel sampling, beam search)."""
-        self.tables[child_id] = self.tables[parent_id].fork()
-
     def memory_report(self) -> MemoryReport:
         return paged_memory_report(list(self.tables.values()), self.allocator, self.block_size)
 

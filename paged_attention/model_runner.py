@@ -38,7 +38,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import kernels
 from .kernels import reference
-from .kernels.validation import check_tables
+from .kernels.validation import check_tables, default_scale
 from .kv_cache import KVCache
 from .scheduler import ScheduledSequence
 
@@ -97,7 +97,7 @@ def paged_attention_forward(
     kernels.store_kv(k, v, key_cache, value_cache, ctx.slot_mapping, backend=ctx.backend)
     q = q.contiguous()
     if ctx.plan is not None:  # checked once when the plan was built; the cache holds finite numbers only
-        scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+        scale = default_scale(q.shape[-1], scaling)
         out = reference.decode_with_plan(q, key_cache, value_cache, ctx.plan, scale, zero_padding=False)
     elif ctx.decode_only:
         out = kernels.paged_decode(q, key_cache, value_cache, ctx.block_tables, ctx.seq_lens, scaling,

@@ -271,7 +271,17 @@ def test_sampling_params_are_validated(kwargs, error, message):
 
 
 def test_top_k_minus_one_and_zero_mean_all_tokens():
-    assert SamplingParams(top_k=-1).top_k == -1 and SamplingParams(top_k=0).top_k == 0
+    from paged_attention.sampling import Sampler
+
+    logits = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
+    for top_k in (-1, 0):
+        assert (Sampler._probabilities(logits, [SamplingParams(top_k=top_k)])[0] > 0).all()
+    assert (Sampler._probabilities(logits, [SamplingParams(top_k=2)])[0] > 0).tolist() == [
+        True,
+        True,
+        False,
+        False,
+    ]
 
 
 @pytest.mark.parametrize(
