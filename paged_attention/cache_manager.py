@@ -26,6 +26,7 @@ from ._checks import cdiv, check_int, check_positive_int
 from .allocator import BlockAllocator
 from .metrics import MemoryReport, paged_memory_report
 from .page_table import BlockCopy, PageTable
+from .sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,12 @@ class KVCacheManager(Protocol):
 
     block_size: int
 
-    def can_admit(self, seq_id: int, num_new_tokens: int, max_total_tokens: int) -> bool:
-        """May a new sequence start with ``num_new_tokens`` tokens now (growing to ``max_total_tokens``)?"""
+    def can_admit(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """May ``seq`` start now with its first ``num_new_tokens`` tokens?
+
+        The whole sequence is passed, not just a count: a contiguous manager must know the prompt
+        length and ``max_tokens`` to size its reservation, and a prefix cache looks at the tokens.
+        """
 
     def allocate_slots(self, seq_id: int, num_new_tokens: int) -> SlotAllocation | None:
         """Room for ``num_new_tokens`` more tokens of ``seq_id``; ``None`` (no change) if memory is short."""
@@ -53,8 +58,8 @@ class KVCacheManager(Protocol):
     def block_table(self, seq_id: int) -> list[int]:
         """Physical blocks of ``seq_id`` in logical order (what the kernels read)."""
 
-    def fits_at_all(self, max_total_tokens: int) -> bool:
-        """Could a sequence of ``max_total_tokens`` ever fit, with the cache otherwise empty?"""
+    def fits_at_all(self, seq: Sequence) -> bool:
+        """Could ``seq`` (grown to ``seq.max_total_tokens``) ever fit, with the cache otherwise empty?"""
 
     def memory_report(self) -> MemoryReport: ...
 
@@ -82,12 +87,13 @@ class PagedKVCacheManager:
     def num_blocks(self) -> int:
         return self.allocator.num_blocks
 
-    def fits_at_all(self, max_total_tokens: int) -> bool:
+    def fits_at_all(self, seq: Sequence) -> bool:
         # Admission keeps the watermark free, so a request must fit beside it, or it would be
         # accepted and then wait forever (holding up everyone queued behind it).
-        return cdiv(max_total_tokens, self.block_size) <= self.allocator.num_blocks - self.watermark_blocks
+        needed = cdiv(seq.max_total_tokens, self.block_size)
+        return needed <= self.allocator.num_blocks - self.watermark_blocks
 
-    def can_admit(self, seq_id: int, num_new_tokens: int, max_total_tokens: int) -> bool:
+    def can_admit(self, seq: Sequence, num_new_tokens: int) -> bool:
         needed = cdiv(num_new_tokens, self.block_size)
         return self.allocator.num_free_blocks - needed >= self.watermark_blocks
 

@@ -250,7 +250,7 @@ class LLMEngine:
                 generator = torch.Generator().manual_seed(params.seed + i)
             seqs.append(Seq(next(self._seq_ids), request_id, list(token_ids), params, now, i, generator))
         for seq in seqs:
-            if not self.cache_manager.fits_at_all(seq.max_total_tokens):
+            if not self.cache_manager.fits_at_all(seq):
                 raise ValueError(
                     f"request {request_id!r} needs up to {seq.max_total_tokens} tokens of KV cache "
                     f"(prompt + max_tokens) but the cache holds "

@@ -105,7 +105,7 @@ class Scheduler:
 
     # -- queues ---------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
-        if not self.cache.fits_at_all(seq.max_total_tokens):
+        if not self.cache.fits_at_all(seq):
             raise ValueError(
                 f"request {seq.request_id!r} needs up to {seq.max_total_tokens} tokens of KV cache "
                 "(prompt + max_tokens), more than the cache can give one sequence"
@@ -208,7 +208,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             n = min(seq.num_uncomputed_tokens, budget)
-            if not self.cache.can_admit(seq.seq_id, n, seq.max_total_tokens):
+            if not self.cache.can_admit(seq, n):
                 return
             allocation = self.cache.allocate_slots(seq.seq_id, n)
             if allocation is None:
