@@ -120,6 +120,23 @@ class PageTable:
         slots = [ids[p // bs] * bs + p % bs for p in range(start, self.num_tokens)]
         return AppendResult(slots, copy)
 
+    def append_cached_blocks(self, block_ids: Sequence[int]) -> None:
+        """Take full blocks whose K/V are already computed (prefix-cache hits) as the next blocks.
+
+        Each block gains this table as an owner through ``allocator.touch``: a block still in use
+        elsewhere is simply shared, a freed one is pulled back out of the free queue. The table must
+        end on a block boundary, since the blocks arrive full.
+        """
+        if self.num_tokens % self.block_size:
+            raise ValueError(
+                f"cached blocks can only follow full blocks; this table holds {self.num_tokens} tokens "
+                f"(block_size={self.block_size})"
+            )
+        for block_id in block_ids:
+            self.allocator.touch(block_id)
+            self.block_ids.append(block_id)
+        self.num_tokens += len(block_ids) * self.block_size
+
     def _copy_on_write(self) -> BlockCopy:
         shared = self.block_ids[-1]
         private = self.allocator.allocate()

@@ -16,11 +16,23 @@ and a waiting one takes its place in the very next step. The scheduler below doe
    ``max_num_seqs`` and free blocks (above the watermark) allow. A long prompt is split into
    chunks that fit the budget (*chunked prefill*), so one huge prompt never stalls the decodes.
    Admission stops at the first request that does not fit: skipping ahead to smaller ones would
-   let a large request starve forever.
+   let a large request starve forever. A sequence whose beginning is in the prefix cache starts
+   with those tokens already computed (``lookup_prefix``) and spends budget only on the rest.
+
+Sharing adds two rules. A request with ``n`` samples or ``beam_width`` beams is admitted as one
+sequence that will fork: it takes all its seats in ``max_num_seqs`` at once, and the engine adds
+its children to the running set right after its prompt is computed (:meth:`add_forked`). And a
+beam waits for its siblings: once its newest token is computed it has nothing to run
+(``num_uncomputed_tokens == 0``) and is *parked*, skipped, until the engine has chosen the next
+beams from all of them.
 
 Why this cannot deadlock: a request that could never fit (its prompt plus ``max_tokens`` beyond the
 whole cache) is rejected when it is added, and the oldest running sequence is never the victim
-while a younger one runs, so the oldest always makes progress and eventually finishes.
+while a younger one runs, so the oldest always makes progress and eventually finishes. Parked beams
+could hold memory that the sibling they wait for needs; so when a step would schedule nothing at all
+while parked sequences run, they are all preempted (recomputed later, largely from the prefix
+cache). Preempted sequences re-enter the waiting queue in arrival order, a request's forks
+together, so the oldest request then comes back whole.
 """
 
 from __future__ import annotations
@@ -110,8 +122,17 @@ class Scheduler:
                 f"request {seq.request_id!r} needs up to {seq.max_total_tokens} tokens of KV cache "
                 "(prompt + max_tokens), more than the cache can give one sequence"
             )
+        if seq.num_seats > self.max_num_seqs:
+            raise ValueError(
+                f"request {seq.request_id!r} will run {seq.num_seats} sequences at once "
+                f"but max_num_seqs={self.max_num_seqs}"
+            )
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
+
+    def add_forked(self, child: Sequence) -> None:
+        """A child forked from a running parent joins the running set at once (its memory is shared)."""
+        self._run(child)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -136,6 +157,11 @@ class Scheduler:
             budget = self._schedule_swapped_in(out, budget)
         if not out.preempted and not self.swapped:
             self._admit_waiting(out, budget)
+        if out.is_empty and not (out.preempted or out.swap_in) and (self.waiting or self.swapped):
+            # Nothing could run: parked beams must be holding the memory that the rest need.
+            parked = [s for s in self.running if s.num_uncomputed_tokens == 0]
+            for seq in reversed(parked):
+                self._preempt(seq, out, recompute=True)
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> None:
@@ -143,13 +169,16 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             n = min(seq.num_uncomputed_tokens, budget)
-            allocation = self.cache.allocate_slots(seq.seq_id, n)
+            if n == 0:  # parked: a beam waiting for its siblings
+                index += 1
+                continue
+            allocation = self.cache.allocate_slots(seq, n)
             while allocation is None:
                 victim = self.running[-1]
                 self._preempt(victim, out)
                 if victim is seq:
                     break
-                allocation = self.cache.allocate_slots(seq.seq_id, n)
+                allocation = self.cache.allocate_slots(seq, n)
             if allocation is None:
                 break  # seq itself stepped back; everyone after it was preempted already
             out.block_copies += allocation.copies
@@ -157,7 +186,7 @@ class Scheduler:
             budget -= n
             index += 1
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+    def _preempt(self, seq: Sequence, out: SchedulerOutput, recompute: bool = False) -> None:
         self.running.remove(seq)
         out.scheduled = [s for s in out.scheduled if s.seq is not seq]
         seq.num_preemptions += 1
@@ -166,6 +195,7 @@ class Scheduler:
         cache = self.cache
         if (
             self.preemption_mode == "swap"
+            and not recompute
             and isinstance(cache, PagedKVCacheManager)
             and cache.can_swap_out(seq.seq_id)
         ):
@@ -176,11 +206,16 @@ class Scheduler:
         cache.free(seq.seq_id)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.PREEMPTED
-        self.waiting.appendleft(seq)
+        # Back to the front of the queue, but behind any older preempted sequence, so that the
+        # front stays in arrival order and a request's forks stay together.
+        index = 0
+        while index < len(self.waiting) and self.waiting[index].order_key < seq.order_key:
+            index += 1
+        self.waiting.insert(index, seq)
 
     def _swap_in(self, out: SchedulerOutput) -> None:
         cache = self.cache
-        while self.swapped and len(self.running) < self.max_num_seqs:
+        while self.swapped and self._seats_in_use() + self.swapped[0].num_seats <= self.max_num_seqs:
             seq = self.swapped[0]
             assert isinstance(cache, PagedKVCacheManager)
             if not cache.can_swap_in(seq.seq_id):
@@ -193,10 +228,10 @@ class Scheduler:
         """Give sequences swapped in this step their decode token, if memory and budget allow."""
         scheduled = {s.seq.seq_id for s in out.scheduled}
         for seq in self.running:
-            if seq.seq_id in scheduled or budget <= 0:
+            if seq.seq_id in scheduled or budget <= 0 or seq.num_uncomputed_tokens == 0:
                 continue
             n = min(seq.num_uncomputed_tokens, budget)
-            allocation = self.cache.allocate_slots(seq.seq_id, n)
+            allocation = self.cache.allocate_slots(seq, n)
             if allocation is None:
                 continue  # it runs next step (a smaller one behind it may still fit now)
             out.block_copies += allocation.copies
@@ -205,24 +240,31 @@ class Scheduler:
         return budget
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        seats = self._seats_in_use()
+        while self.waiting and budget > 0 and seats + self.waiting[0].num_seats <= self.max_num_seqs:
             seq = self.waiting[0]
+            seq.num_computed_tokens = self.cache.lookup_prefix(seq)  # a prefix-cache hit is computed already
             n = min(seq.num_uncomputed_tokens, budget)
-            if not self.cache.can_admit(seq, n):
-                return
-            allocation = self.cache.allocate_slots(seq.seq_id, n)
+            allocation = self.cache.allocate_slots(seq, n) if self.cache.can_admit(seq, n) else None
             if allocation is None:
+                seq.num_computed_tokens = 0
                 return
             self.waiting.popleft()
             self._run(seq)
             out.block_copies += allocation.copies
             out.scheduled.append(ScheduledSequence.of(seq, n, allocation.slot_mapping))
             budget -= n
+            seats += seq.num_seats
+
+    def _seats_in_use(self) -> int:
+        """Places in ``max_num_seqs`` taken: one per running sequence, plus the forks they will make."""
+        return sum(s.num_seats for s in self.running)
 
     def _run(self, seq: Sequence) -> None:
-        """Join the running set in arrival order, so that ``running[-1]`` is always the latest arrival."""
+        """Join the running set in arrival order (forks behind their parent), so that ``running[-1]``
+        is always the latest arrival."""
         seq.status = SequenceStatus.RUNNING
-        bisect.insort(self.running, seq, key=lambda s: (s.arrival_time, s.seq_id))
+        bisect.insort(self.running, seq, key=lambda s: s.order_key)
 
     def after_step(self, scheduled: list[ScheduledSequence]) -> None:
         """Record that the scheduled tokens' K/V are now in the cache."""

@@ -1,6 +1,8 @@
 """A sequence: one prompt and the tokens generated for it so far, plus where it is in its life.
 
-A request with ``n`` samples becomes ``n`` sequences. Each sequence moves through
+A request starts as one sequence. With ``n`` samples (or a beam search) it *forks* into more after
+its prompt is computed: the children share the parent's KV blocks (see :mod:`.page_table`). Each
+sequence moves through
 
     WAITING --admitted--> RUNNING --finished--> FINISHED (stop token | length | stop string | aborted)
                   ^            |
@@ -8,7 +10,8 @@ A request with ``n`` samples becomes ``n`` sequences. Each sequence moves throug
 
 The scheduler moves it; the cache manager owns its pages (the sequence only knows how many of its
 tokens are in the cache, ``num_computed_tokens``). Chunked prefill is simply a sequence whose
-``num_computed_tokens`` is still below ``len(prompt)`` after a step.
+``num_computed_tokens`` is still below ``len(prompt)`` after a step, and a prefix-cache hit is a
+sequence admitted with ``num_computed_tokens`` already above zero.
 """
 
 from __future__ import annotations
@@ -57,6 +60,25 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     output_text: str = ""
+    # -- sharing (prefix caching, parallel sampling, beam search) --
+    cache_salt: str | None = None  # extra key of the first block's hash: only equal salts share a cache
+    block_hashes: list[bytes] = field(default_factory=list)  # hash chain of its full blocks (prefix_cache.py)
+    group_id: int = -1  # the request's first sequence id, shared by its forks (-1: its own seq_id)
+    pending_forks: int = 0  # children it will fork into after prefill (n - 1, or beam_width - 1)
+
+    def __post_init__(self) -> None:
+        if self.group_id < 0:
+            self.group_id = self.seq_id
+
+    @property
+    def num_seats(self) -> int:
+        """Places it takes in the scheduler's ``max_num_seqs``: itself and the forks it will make."""
+        return 1 + self.pending_forks
+
+    @property
+    def order_key(self) -> tuple[float, int, int]:
+        """Running sequences are kept in this order: by arrival, a request's forks right behind it."""
+        return (self.arrival_time, self.group_id, self.seq_id)
 
     @property
     def tokens(self) -> list[int]:

@@ -175,3 +175,65 @@ def test_token_slice_matches_slicing_the_whole_token_list(start, end):
     s.prompt_token_ids = [10, 11, 12, 13]
     s.output_token_ids = [20, 21]
     assert s.token_slice(start, end) == s.tokens[start:end]
+
+
+# -- sharing: seats for forks, parked beams, the way out when parked beams block everyone -------------
+def test_a_request_that_will_fork_takes_all_its_seats_at_admission():
+    scheduler = Scheduler(PagedKVCacheManager(64, 4), max_num_seqs=4)
+    parent = seq(0, 3)
+    parent.pending_forks = 2  # n = 3 samples
+    for s in (parent, seq(1, 3), seq(2, 3)):
+        scheduler.add(s)
+    out = step(scheduler)
+    assert [s.seq.seq_id for s in out.scheduled] == [0, 1]  # 3 + 1 seats; seq 2 would make 5
+    too_wide = seq(3, 3)
+    too_wide.pending_forks = 4
+    with pytest.raises(ValueError, match="5 sequences at once"):
+        scheduler.add(too_wide)
+
+
+def test_forks_run_right_behind_their_parent():
+    cache = PagedKVCacheManager(64, 4)
+    scheduler = Scheduler(cache)
+    parent, later = seq(0, 5), seq(1, 5)
+    scheduler.add(parent)
+    scheduler.add(later)
+    step(scheduler)
+    child = Sequence(7, "0", parent.prompt_token_ids, parent.params, parent.arrival_time, group_id=0)
+    child.output_token_ids = list(parent.output_token_ids)  # the prompt is computed, the new token not yet
+    child.num_computed_tokens = parent.num_computed_tokens
+    cache.fork(parent, child)
+    scheduler.add_forked(child)
+    assert [s.seq_id for s in scheduler.running] == [0, 7, 1]
+    out = step(scheduler)
+    assert [s.seq.seq_id for s in out.scheduled] == [0, 7, 1] and len(out.block_copies) == 1
+
+
+def test_parked_sequences_are_skipped_and_preempted_when_they_block_everyone():
+    cache = PagedKVCacheManager(4, 2, watermark=0.0)
+    scheduler = Scheduler(cache)
+    a, b, c = seq(0, 3, max_tokens=4), seq(1, 3, max_tokens=4), seq(2, 3, max_tokens=4)
+    scheduler.add(a)
+    scheduler.add(b)
+    out = scheduler.schedule()
+    scheduler.after_step(out.scheduled)  # a and b computed and given no new token: both parked
+    assert cache.num_free_blocks == 0 and a.num_uncomputed_tokens == 0
+    scheduler.add(c)
+    out = scheduler.schedule()  # nothing can run: the parked sequences step back, youngest first
+    assert out.scheduled == [] and out.preempted == [b, a]
+    assert list(scheduler.waiting) == [a, b, c]  # in arrival order, ahead of c
+    assert cache.num_free_blocks == 4 and not scheduler.running
+    out = scheduler.schedule()
+    assert [s.seq.seq_id for s in out.scheduled] == [0, 1]
+
+
+def test_a_parked_sequence_gives_its_turn_to_the_others():
+    scheduler = Scheduler(PagedKVCacheManager(64, 4))
+    a, b = seq(0, 3), seq(1, 3)
+    scheduler.add(a)
+    scheduler.add(b)
+    step(scheduler)
+    b.output_token_ids.pop()  # b's newest token is taken back: it is parked, a is not
+    out = step(scheduler)
+    assert [s.seq.seq_id for s in out.scheduled] == [0]
+    assert scheduler.running == [a, b]
