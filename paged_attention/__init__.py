@@ -14,11 +14,11 @@ def __getattr__(name: str) -> object:
         from . import engine
 
         return getattr(engine, name)
-    if name == "SamplingParams":
-        from .sampling import SamplingParams
+    if name in ("SamplingParams", "BeamSearchParams"):
+        from . import sampling
 
-        return SamplingParams
+        return getattr(sampling, name)
     raise AttributeError(f"module 'paged_attention' has no attribute {name!r}")
 
 
-__all__ = ["LLM", "CompletionOutput", "LLMEngine", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "BeamSearchParams", "CompletionOutput", "LLMEngine", "RequestOutput", "SamplingParams"]

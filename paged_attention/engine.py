@@ -8,6 +8,15 @@
 
 :class:`LLM` wraps it the way vLLM's ``LLM`` does, so a program written for vLLM's offline API runs
 here with only its import line (and the model name) changed.
+
+**Sharing.** With the paged cache manager, a request for ``n`` samples is one sequence until its
+prompt is computed; then it forks into ``n`` sequences that share the prompt's blocks. Sample ``i``
+draws its tokens from its own generator seeded ``seed + i`` (the first token too, from the shared
+prompt logits), so its tokens are exactly those of a lone request with ``n=1`` and seed ``seed + i``:
+sharing changes memory, never outputs. Beam search (``add_request`` with :class:`BeamSearchParams`,
+or :meth:`LLM.beam_search`) forks and frees the beams' page tables at every step
+(:mod:`.beam_search`). Prefix caching (``enable_prefix_caching``, on by default as in vLLM v1) lets
+any request reuse the blocks of any earlier one with the same beginning.
 """
 
 from __future__ import annotations
@@ -24,12 +33,13 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ._checks import check_int, check_positive_int
+from ._checks import cdiv, check_int, check_positive_int
+from .beam_search import BeamSearch, BeamSearchOutput, BeamSearchSequence, penalized_score
 from .cache_manager import PagedKVCacheManager
 from .kv_cache import KVCache, KVCacheSpec
 from .model_runner import ModelRunner, attention_window, check_supported
 from .models import load_model, load_tokenizer, resolve_dtype
-from .sampling import Sampler, SamplingParams
+from .sampling import BeamSearchParams, Sampler, SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import FinishReason, SequenceStatus
 from .sequence import Sequence as Seq
@@ -94,9 +104,12 @@ class _Request:
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
-    seqs: list[Seq]
+    seqs: list[Seq]  # its samples; for a beam search, the live beams, best first
     metrics: RequestMetrics
     stop_token_ids: set[int] = field(default_factory=set)
+    beam: BeamSearch | None = None
+    beam_logprobs: list[float] = field(default_factory=list)  # cumulative, one per live beam
+    candidates: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # seq_id ->
 
 
 @dataclass
@@ -137,6 +150,7 @@ class LLMEngine:
         preemption_mode: str = "recompute",
         num_cpu_blocks: int | None = None,
         watermark: float = 0.01,
+        enable_prefix_caching: bool = True,
         seed: int = 0,
     ) -> None:
         check_positive_int("block_size", block_size)
@@ -168,7 +182,10 @@ class LLMEngine:
         )
         if num_cpu_blocks is None:
             num_cpu_blocks = num_blocks if preemption_mode == "swap" else 0
-        self.cache_manager = PagedKVCacheManager(num_blocks, block_size, watermark, num_cpu_blocks)
+        self.cache_manager = PagedKVCacheManager(
+            num_blocks, block_size, watermark, num_cpu_blocks, enable_prefix_caching
+        )
+        self.can_fork = isinstance(self.cache_manager, PagedKVCacheManager)  # n > 1 and beams share pages
         self.kv_cache = KVCache(self.spec, num_blocks, block_size, device)
         self.cpu_cache = KVCache(self.spec, num_cpu_blocks, block_size, "cpu") if num_cpu_blocks else None
         self.scheduler = Scheduler(
@@ -182,6 +199,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kv_cache, attention_backend)
         self.sampler = Sampler(check_int("seed", seed))
         self.requests: dict[str, _Request] = {}
+        self.beam_requests: dict[str, _Request] = {}  # the beam searches still running
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         self.eos_token_ids = _eos_ids(self.model, self.tokenizer)
@@ -210,18 +228,33 @@ class LLMEngine:
         self,
         request_id: str | None,
         prompt: str | list[int] | dict[str, Any],
-        params: SamplingParams | None = None,
+        params: SamplingParams | BeamSearchParams | None = None,
         arrival_time: float | None = None,
     ) -> str:
         """Validate, tokenize and queue one request; raises ``ValueError``/``TypeError`` (and queues
-        nothing) if it is malformed or could never fit. Returns its request id."""
+        nothing) if it is malformed or could never fit. Returns its request id.
+
+        ``params`` may be :class:`BeamSearchParams` for a beam search. A dict prompt may carry a
+        ``"cache_salt"``: only requests with the same salt share prefix-cache blocks.
+        """
         params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        if not isinstance(params, (SamplingParams, BeamSearchParams)):
+            raise TypeError(
+                f"params must be a SamplingParams or BeamSearchParams, got {type(params).__name__}"
+            )
+        beam_params = params if isinstance(params, BeamSearchParams) else None
+        if beam_params is not None:
+            params = SamplingParams(
+                temperature=0.0, max_tokens=beam_params.max_tokens, ignore_eos=beam_params.ignore_eos
+            )
+        assert isinstance(params, SamplingParams)
         request_id = str(next(self._request_ids)) if request_id is None else str(request_id)
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, token_ids = self._tokenize(prompt)
+        cache_salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
         if not token_ids:
             raise ValueError("the prompt is empty: a request needs at least one prompt token")
         vocab = self.model.config.vocab_size
@@ -242,28 +275,61 @@ class LLMEngine:
                 f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                 f"max_model_len={self.max_model_len}"
             )
+        width = beam_params.beam_width if beam_params else params.n
+        if beam_params is not None and not self.can_fork:
+            raise ValueError("beam search forks page tables: it needs the paged KV cache manager")
+        forks = width > 1 and self.can_fork  # else: n independent sequences (same outputs, no sharing)
         now = time.monotonic() if arrival_time is None else arrival_time
         seqs = []
-        for i in range(params.n):
-            generator = None
-            if params.seed is not None:  # sample i of a request draws from seed + i
-                generator = torch.Generator().manual_seed(params.seed + i)
-            seqs.append(Seq(next(self._seq_ids), request_id, list(token_ids), params, now, i, generator))
+        for i in range(1 if forks else width):
+            seqs.append(
+                Seq(next(self._seq_ids), request_id, list(token_ids), params, now, i,
+                    self._generator(params, i), cache_salt=cache_salt)
+            )  # fmt: skip
+        seqs[0].pending_forks = width - 1 if forks else 0
         for seq in seqs:
-            if not self.cache_manager.fits_at_all(seq):
-                raise ValueError(
-                    f"request {request_id!r} needs up to {seq.max_total_tokens} tokens of KV cache "
-                    f"(prompt + max_tokens) but the cache holds "
-                    f"{self.cache_manager.num_blocks * self.cache_manager.block_size} "
-                    f"(of which {self.cache_manager.watermark_blocks} blocks stay free for running sequences)"
-                )
+            self._check_fits(request_id, seq)
+        if beam_params is not None:
+            self._check_beams_fit(request_id, seqs[0], width)
         for seq in seqs:
             self.scheduler.add(seq)
         stop_ids = set(params.stop_token_ids or [])
-        self.requests[request_id] = _Request(
-            request_id, text, list(token_ids), params, seqs, RequestMetrics(now), stop_ids
-        )
+        request = _Request(request_id, text, list(token_ids), params, seqs, RequestMetrics(now), stop_ids)
+        self.requests[request_id] = request
+        if beam_params is not None:
+            request.beam = BeamSearch(beam_params, self.eos_token_ids)
+            request.beam_logprobs = [0.0]
+            self.beam_requests[request_id] = request
         return request_id
+
+    @staticmethod
+    def _generator(params: SamplingParams, sample_index: int) -> torch.Generator | None:
+        """Sample ``i`` of a seeded request draws from its own generator, seeded ``seed + i``."""
+        if params.seed is None:
+            return None
+        return torch.Generator().manual_seed(params.seed + sample_index)
+
+    def _check_fits(self, request_id: str, seq: Seq) -> None:
+        if not self.cache_manager.fits_at_all(seq):
+            raise ValueError(
+                f"request {request_id!r} needs up to {seq.max_total_tokens} tokens of KV cache "
+                f"(prompt + max_tokens) but the cache holds "
+                f"{self.cache_manager.num_blocks * self.cache_manager.block_size} "
+                f"(of which {self.cache_manager.watermark_blocks} blocks stay free for running sequences)"
+            )
+
+    def _check_beams_fit(self, request_id: str, seq: Seq, width: int) -> None:
+        """Beams wait for each other at every step, so all of them must fit at once even unshared
+        (each with one spare block); otherwise a beam could wait forever for memory its siblings hold."""
+        cache = self.cache_manager
+        needed = width * (cdiv(seq.max_total_tokens, cache.block_size) + 1)
+        available = cache.num_blocks - cache.watermark_blocks
+        if needed > available:
+            raise ValueError(
+                f"request {request_id!r}: {width} beams of up to {seq.max_total_tokens} tokens may need "
+                f"{needed} blocks, more than the {available} the cache can give; "
+                "lower beam_width or max_tokens, or give the cache more blocks"
+            )
 
     def _tokenize(self, prompt: str | list[int] | dict[str, Any]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
@@ -289,6 +355,7 @@ class LLMEngine:
         request = self.requests.pop(request_id, None)
         if request is None:
             raise ValueError(f"no request with id {request_id!r}")
+        self.beam_requests.pop(request_id, None)
         now = time.monotonic()
         for seq in request.seqs:
             if not seq.is_finished:
@@ -310,24 +377,47 @@ class LLMEngine:
         if not out.is_empty:
             tables = [self.cache_manager.block_table(s.seq.seq_id) for s in out.scheduled]
             logits = self.runner.execute(out.scheduled, tables)
-            sampling = [s.seq for s in out.scheduled if s.samples]
+            rows: list[int] = []  # the logits row each sampled sequence reads
+            sampled: list[Seq] = []
+            beams: list[tuple[int, Seq]] = []
+            children: list[tuple[Seq, Seq]] = []  # (parent, child) forks to make after this step
+            for row, seq in enumerate(s.seq for s in out.scheduled if s.samples):
+                request = self.requests[seq.request_id]
+                if request.beam is not None:
+                    beams.append((row, seq))
+                    continue
+                rows.append(row)
+                sampled.append(seq)
+                for child in self._new_children(seq, request):  # they sample from the prompt's logits
+                    rows.append(row)
+                    sampled.append(child)
+                    children.append((seq, child))
             tokens = []
-            if sampling:
-                banned = [self._banned(seq) for seq in sampling]
+            if sampled:
                 tokens = self.sampler(
-                    logits, [s.params for s in sampling], [s.generator for s in sampling], banned
-                )
+                    logits[rows], [s.params for s in sampled], [s.generator for s in sampled],
+                    [self._banned(s) for s in sampled],
+                )  # fmt: skip
+            for row, seq in beams:
+                request = self.requests[seq.request_id]
+                assert request.beam is not None
+                request.candidates[seq.seq_id] = request.beam.top_candidates(logits[row])
             self.scheduler.after_step(out.scheduled)  # only once the step has fully succeeded
-            if sampling:
-                now = time.monotonic()
-                for seq, token in zip(sampling, tokens, strict=True):
-                    self._append_token(seq, token, now)
-                    if seq.is_finished:
-                        self.scheduler.finish(seq)
-                        request = self.requests[seq.request_id]
-                        if all(s.is_finished for s in request.seqs):
-                            finished_requests[request.request_id] = request
-        elif self.scheduler.has_unfinished() and not (out.preempted or out.swap_in):
+            for parent, child in children:  # the parent's prompt is computed now: share its pages
+                child.num_computed_tokens = parent.num_computed_tokens
+                self.cache_manager.fork(parent, child)
+                self.scheduler.add_forked(child)
+            now = time.monotonic()
+            for seq, token in zip(sampled, tokens, strict=True):
+                self._append_token(seq, token, now)
+                if seq.is_finished:
+                    self.scheduler.finish(seq)
+                    request = self.requests[seq.request_id]
+                    if all(s.is_finished for s in request.seqs):
+                        finished_requests[request.request_id] = request
+        if self.beam_requests:
+            self._advance_beams(finished_requests)
+        if out.is_empty and self.scheduler.has_unfinished() and not (out.preempted or out.swap_in):
             raise RuntimeError(
                 "the scheduler made no progress: no sequence could be scheduled"
             )  # pragma: no cover
@@ -349,6 +439,78 @@ class LLMEngine:
             results.append(self._request_output(request))
             del self.requests[request.request_id]
         return results
+
+    # -- sharing --------------------------------------------------------------------------------
+    def _new_children(self, parent: Seq, request: _Request) -> list[Seq]:
+        """The samples ``1 .. n-1`` of a request, made when its first sequence samples its first token.
+
+        They are plain copies of the parent (tokens, computed count); their page tables are forked
+        after the step, once the parent's prompt is in the cache.
+        """
+        if not parent.pending_forks:
+            return []
+        first = len(request.seqs)
+        kids = [self._copy_of(parent, first + i) for i in range(parent.pending_forks)]
+        parent.pending_forks = 0
+        request.seqs += kids
+        return kids
+
+    def _copy_of(self, parent: Seq, sample_index: int) -> Seq:
+        return Seq(
+            next(self._seq_ids), parent.request_id, parent.prompt_token_ids, parent.params,
+            parent.arrival_time, sample_index, self._generator(parent.params, sample_index),
+            output_token_ids=list(parent.output_token_ids), num_computed_tokens=parent.num_computed_tokens,
+            cache_salt=parent.cache_salt, group_id=parent.group_id,
+        )  # fmt: skip
+
+    def _advance_beams(self, finished_requests: dict[str, _Request]) -> None:
+        """For every beam search whose live beams all have their next-token candidates: rank them,
+        then fork the beams that continue more than once, free those that do not continue, and give
+        each new beam its token. A beam still waiting for a sibling is parked by the scheduler."""
+        now = time.monotonic()
+        for request in list(self.beam_requests.values()):
+            beams, search = request.seqs, request.beam
+            assert search is not None
+            if not all(self._beam_ready(request, b) for b in beams):
+                continue
+            chosen = search.step(
+                request.beam_logprobs, [request.candidates[b.seq_id] for b in beams],
+                [b.output_token_ids for b in beams],
+            )  # fmt: skip
+            request.candidates.clear()
+            beams[0].pending_forks = 0  # its seats are the new beams' now
+            new_beams, continued = [], set()
+            for c in chosen:  # forks first: a child copies its parent before the parent grows
+                parent = beams[c.parent]
+                if c.parent in continued:
+                    child = self._copy_of(parent, 0)
+                    self.cache_manager.fork(parent, child)
+                    self.scheduler.add_forked(child)
+                    new_beams.append(child)
+                else:
+                    continued.add(c.parent)
+                    new_beams.append(parent)
+            for index, beam in enumerate(beams):
+                if index not in continued:  # a dead end: its blocks go back (or to its siblings)
+                    beam.status = SequenceStatus.FINISHED
+                    self.scheduler.finish(beam)
+            for beam, c in zip(new_beams, chosen, strict=True):
+                beam.output_token_ids.append(c.token)
+            if chosen and request.metrics.first_token_time is None:
+                request.metrics.first_token_time = now
+            request.seqs, request.beam_logprobs = new_beams, [c.cum_logprob for c in chosen]
+            if search.done:
+                del self.beam_requests[request.request_id]
+                finished_requests[request.request_id] = request
+
+    @staticmethod
+    def _beam_ready(request: _Request, beam: Seq) -> bool:
+        """Its candidates are known and still hold: it has not been preempted to recompute since."""
+        return (
+            beam.seq_id in request.candidates
+            and beam.status is SequenceStatus.RUNNING
+            and beam.num_computed_tokens == beam.num_tokens
+        )
 
     def _move_blocks(self, out: SchedulerOutput) -> None:
         """Do the block copies the scheduler asked for, before the step's writes (order matters)."""
@@ -402,6 +564,8 @@ class LLMEngine:
         return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens)
 
     def _request_output(self, request: _Request) -> RequestOutput:
+        if request.beam is not None:
+            return self._beam_request_output(request)
         outputs = []
         for seq in request.seqs:
             text = seq.output_text if seq.stop_reason in seq.params.stop_strings else self._detokenize(seq)
@@ -418,6 +582,22 @@ class LLMEngine:
         return RequestOutput(
             request.request_id, request.prompt, request.prompt_token_ids, outputs, True, metrics
         )
+
+    def _beam_request_output(self, request: _Request) -> RequestOutput:
+        """A finished beam search as vLLM's server returns it: one output per best beam, best first."""
+        assert request.beam is not None
+        outputs = []
+        for i, h in enumerate(request.beam.finished):
+            text = self.tokenizer.decode(h.token_ids, skip_special_tokens=True)
+            outputs.append(CompletionOutput(i, text, list(h.token_ids), h.finish_reason, None, h.cum_logprob))
+        request.metrics.finished_time = time.monotonic()
+        return RequestOutput(
+            request.request_id, request.prompt, request.prompt_token_ids, outputs, True, request.metrics
+        )
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block that no sequence holds (e.g. between benchmark runs)."""
+        return self.cache_manager.reset_prefix_cache()
 
 
 class LLM:
@@ -455,20 +635,64 @@ class LLM:
         A prompt that cannot be served (empty, too long, bad ids) raises ``ValueError`` before any
         work starts, naming its index, so that a batch is all-or-nothing like vLLM's.
         """
-        if isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
-        ):
-            prompts = [prompts]  # type: ignore[list-item]
-        if not isinstance(prompts, Sequence) or isinstance(prompts, (str, bytes)):
-            raise TypeError(
-                f"prompts must be a string, a list of token ids, or a list of those, got {type(prompts)}"
-            )
+        prompts = _as_prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompts)
         else:
             params_list = list(sampling_params)
             if len(params_list) != len(prompts):
                 raise ValueError(f"got {len(params_list)} sampling_params for {len(prompts)} prompts")
+        return self._serve(prompts, params_list, use_tqdm, "Processed prompts")
+
+    def beam_search(
+        self,
+        prompts: str | list[int] | Sequence[str | list[int] | dict[str, Any]],
+        params: BeamSearchParams,
+        use_tqdm: bool | Callable[..., Any] = False,
+        concurrency_limit: int | None = None,
+    ) -> list[BeamSearchOutput]:
+        """Beam search every prompt (vLLM's ``LLM.beam_search``); one :class:`BeamSearchOutput` each.
+
+        Each output holds the best ``beam_width`` finished sequences, best first; their ``tokens``
+        include the prompt, as in vLLM. ``concurrency_limit`` caps how many prompts search at once.
+        """
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        prompts = _as_prompt_list(prompts)
+        limit = (
+            len(prompts)
+            if concurrency_limit is None
+            else check_positive_int("concurrency_limit", concurrency_limit)
+        )
+        tokenizer = self.llm_engine.tokenizer
+        results = []
+        for first in range(0, len(prompts), max(1, limit)):
+            chunk = prompts[first : first + limit]
+            for request in self._serve(chunk, [params] * len(chunk), use_tqdm, "Beam search"):
+                sequences = []
+                for out in request.outputs:
+                    tokens = request.prompt_token_ids + out.token_ids
+                    logprob = out.cumulative_logprob or 0.0
+                    score = penalized_score(logprob, len(out.token_ids), params.length_penalty)
+                    text = tokenizer.decode(tokens)
+                    sequences.append(
+                        BeamSearchSequence(tokens, logprob, text, out.finish_reason, None, score)
+                    )
+                results.append(BeamSearchOutput(sequences))
+        return results
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache's free blocks (vLLM's ``LLM.reset_prefix_cache``)."""
+        self.llm_engine.reset_prefix_cache()
+        return True
+
+    def _serve(
+        self,
+        prompts: list[str | list[int] | dict[str, Any]],
+        params_list: list[SamplingParams] | list[BeamSearchParams],
+        use_tqdm: bool | Callable[..., Any],
+        desc: str,
+    ) -> list[RequestOutput]:
         engine = self.llm_engine
         ids = []
         try:
@@ -483,13 +707,28 @@ class LLM:
             raise
         results: dict[str, RequestOutput] = {}
         progress_cls = use_tqdm if callable(use_tqdm) else tqdm
-        bar = progress_cls(total=len(ids), desc="Processed prompts", disable=use_tqdm is False, unit="req")
+        bar = progress_cls(total=len(ids), desc=desc, disable=use_tqdm is False, unit="req")
         with bar:
             while engine.has_unfinished_requests():
                 for output in engine.step():
                     results[output.request_id] = output
                     bar.update(1)
         return [results[i] for i in ids]
+
+
+def _as_prompt_list(
+    prompts: str | list[int] | Sequence[str | list[int] | dict[str, Any]],
+) -> list[str | list[int] | dict[str, Any]]:
+    """One prompt (a string, a dict, a list of token ids) or a list of them, as a list."""
+    if isinstance(prompts, (str, dict)) or (
+        isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
+    ):
+        return [prompts]  # type: ignore[list-item]
+    if not isinstance(prompts, Sequence) or isinstance(prompts, (str, bytes)):
+        raise TypeError(
+            f"prompts must be a string, a list of token ids, or a list of those, got {type(prompts)}"
+        )
+    return list(prompts)
 
 
 def _resolve_model(
@@ -527,4 +766,14 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[
     return ids
 
 
-__all__ = ["LLM", "CompletionOutput", "LLMEngine", "RequestOutput", "SamplingParams", "SequenceStatus"]
+__all__ = [
+    "LLM",
+    "BeamSearchOutput",
+    "BeamSearchParams",
+    "BeamSearchSequence",
+    "CompletionOutput",
+    "LLMEngine",
+    "RequestOutput",
+    "SamplingParams",
+    "SequenceStatus",
+]

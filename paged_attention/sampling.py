@@ -105,6 +105,45 @@ class SamplingParams:
         return self.temperature < _EPS
 
 
+@dataclass(frozen=True)
+class BeamSearchParams:
+    """How to run a beam search (vLLM's ``BeamSearchParams``; see :mod:`paged_attention.beam_search`).
+
+    * ``beam_width``: how many partial sequences (beams) are kept at each step.
+    * ``max_tokens``: the most tokens a beam may generate.
+    * ``ignore_eos``: if true, EOS does not end a beam.
+    * ``length_penalty``: a finished beam scores ``cumulative logprob / generated_length ** length_penalty``
+      (transformers' rule); above 0 favours longer outputs, 0 compares raw log-probabilities.
+    * ``temperature``: accepted for vLLM compatibility; beam search here is deterministic, so it
+      must be 0.
+    """
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        for name in ("temperature", "length_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
+        if self.temperature != 0:
+            raise ValueError(
+                f"beam search here is deterministic: temperature must be 0.0, got {self.temperature}"
+            )
+
+
 class Sampler:
     """Turns one step's logits ``[num_seqs, vocab]`` into one token per row."""
 

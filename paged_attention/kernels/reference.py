@@ -5,7 +5,8 @@ keys and values out of the pages its block table lists, then run ordinary attent
 it for the whole batch at once (pad every sequence to the longest, mask the padding), because on a
 CPU one big tensor operation beats a Python loop of small ones; prefill walks the sequences that
 bring several new tokens one by one, since their causal masks differ. Arithmetic is in float32
-whatever the cache dtype, and the result is cast back to the query's dtype.
+whatever the cache dtype (float64 for a float64 cache, which tests use to rule rounding out), and
+the result is cast back to the query's dtype.
 """
 
 from __future__ import annotations
@@ -79,20 +80,21 @@ def attend(
 ) -> torch.Tensor:
     """``q[b, q_len, H, D]`` over ``k/v[b, kv_len, H_kv, D]``, where ``visible[b, q_len, kv_len]`` allows.
 
-    Returns float32 ``[b, q_len, H, D]``. Grouped-query attention: each KV head serves the
-    ``group = H // H_kv`` consecutive query heads above it, so the queries are regrouped under their
-    KV head and every key is used by ``group * q_len`` query rows in one matrix product (no copies
-    of K or V per query head).
+    Returns float32 ``[b, q_len, H, D]`` (float64 for float64 inputs). Grouped-query attention: each
+    KV head serves the ``group = H // H_kv`` consecutive query heads above it, so the queries are
+    regrouped under their KV head and every key is used by ``group * q_len`` query rows in one
+    matrix product (no copies of K or V per query head).
     """
     b, q_len, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
     group = num_heads // num_kv_heads
     rows = group * q_len  # query rows per KV head, ordered (head in group, token)
-    q = q.float().view(b, q_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
-    scores = q.reshape(b, num_kv_heads, rows, head_dim) @ k.float().permute(0, 2, 3, 1) * scale
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q = q.to(compute).view(b, q_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+    scores = q.reshape(b, num_kv_heads, rows, head_dim) @ k.to(compute).permute(0, 2, 3, 1) * scale
     mask = visible[:, None, None].expand(b, 1, group, q_len, visible.shape[-1]).reshape(b, 1, rows, -1)
     scores = scores.masked_fill(~mask, float("-inf"))  # [b, kv_heads, rows, kv_len]
-    out = torch.softmax(scores, dim=-1) @ v.float().permute(0, 2, 1, 3)  # [b, kv_heads, rows, D]
+    out = torch.softmax(scores, dim=-1) @ v.to(compute).permute(0, 2, 1, 3)  # [b, kv_heads, rows, D]
     return (
         out.view(b, num_kv_heads, group, q_len, head_dim)
         .permute(0, 3, 1, 2, 4)
@@ -109,7 +111,7 @@ def paged_decode(
     scale: float | None = None,
 ) -> torch.Tensor:
     """One new query token per sequence attends to all ``seq_lens[i]`` cached tokens of sequence ``i``."""
-    check_cache(query, key_cache, value_cache)
+    check_cache(query, key_cache, value_cache, allow_float64=True)
     check_tables(block_tables, seq_lens, key_cache, query.device)
     if query.shape[0] != seq_lens.shape[0]:
         raise ValueError(
@@ -158,7 +160,7 @@ def paged_prefill(
 ) -> torch.Tensor:
     """Packed new tokens attend causally: the ``j``-th of ``q_len`` new tokens of a sequence with
     ``seq_len`` cached tokens (new ones included) sits at position ``seq_len - q_len + j``."""
-    check_cache(query, key_cache, value_cache)
+    check_cache(query, key_cache, value_cache, allow_float64=True)
     check_tables(block_tables, seq_lens, key_cache, query.device)
     check_query_start_loc(query_start_loc, seq_lens, query.shape[0])
     scale = default_scale(query.shape[2], scale)

@@ -17,8 +17,14 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 
 
-def check_cache(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
-    """Query ``[tokens, heads, head_dim]`` against NHD caches ``[blocks, block_size, kv_heads, head_dim]``."""
+def check_cache(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, allow_float64: bool = False
+) -> None:
+    """Query ``[tokens, heads, head_dim]`` against NHD caches ``[blocks, block_size, kv_heads, head_dim]``.
+
+    ``allow_float64``: the PyTorch reference also computes in float64 (tests that must rule out
+    rounding use it); the Triton kernels do not.
+    """
     for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -32,9 +38,13 @@ def check_cache(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch
             "[num_blocks, block_size, num_kv_heads, head_dim], "
             f"got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
         )
+    allowed = (*FLOAT_DTYPES, torch.float64) if allow_float64 else FLOAT_DTYPES
     for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
-        if t.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
+        if t.dtype not in allowed:
+            names = (
+                "float32, float16, bfloat16 or float64" if allow_float64 else "float32, float16 or bfloat16"
+            )
+            raise TypeError(f"{name} must be {names}, got {t.dtype}")
     if not query.dtype == key_cache.dtype == value_cache.dtype:
         raise TypeError(
             f"query, key_cache and value_cache must share one dtype, got {query.dtype}, "
