@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ._checks import check_int, check_positive_int
+from .baseline import POLICIES, ContiguousKVCacheManager
 from .cache_manager import PagedKVCacheManager
 from .kv_cache import KVCache, KVCacheSpec
 from .model_runner import ModelRunner, attention_window, check_supported
@@ -117,7 +118,14 @@ class StepStats:
 
 
 class LLMEngine:
-    """A continuous-batching engine over paged KV memory, driving a transformers causal LM."""
+    """A continuous-batching engine over paged KV memory, driving a transformers causal LM.
+
+    The baselines of the experiments run through this very engine: ``kv_manager="max"``,
+    ``"pow2"`` or ``"oracle"`` swaps the paged cache for a contiguous one of the same bytes (one
+    range reserved per request, placed by ``placement="buddy"`` or ``"first-fit"``; see
+    :mod:`paged_attention.baseline`), and ``static_batching=True`` runs fixed batches to the end
+    as ``model.generate`` does.
+    """
 
     def __init__(
         self,
@@ -138,6 +146,9 @@ class LLMEngine:
         num_cpu_blocks: int | None = None,
         watermark: float = 0.01,
         seed: int = 0,
+        kv_manager: str = "paged",
+        placement: str = "buddy",
+        static_batching: bool = False,
     ) -> None:
         check_positive_int("block_size", block_size)
         if not isinstance(gpu_memory_utilization, (int, float)) or not 0 < gpu_memory_utilization <= 1:
@@ -167,9 +178,18 @@ class LLMEngine:
             num_kv_blocks, kv_cache_memory, gpu_memory_utilization, block_size, device
         )
         if num_cpu_blocks is None:
-            num_cpu_blocks = num_blocks if preemption_mode == "swap" else 0
-        self.cache_manager = PagedKVCacheManager(num_blocks, block_size, watermark, num_cpu_blocks)
-        self.kv_cache = KVCache(self.spec, num_blocks, block_size, device)
+            num_cpu_blocks = num_blocks if preemption_mode == "swap" and kv_manager == "paged" else 0
+        self.cache_manager: PagedKVCacheManager | ContiguousKVCacheManager
+        if kv_manager == "paged":
+            self.cache_manager = PagedKVCacheManager(num_blocks, block_size, watermark, num_cpu_blocks)
+            self.kv_cache = KVCache(self.spec, num_blocks, block_size, device)
+        elif kv_manager in POLICIES:
+            # The same bytes as the paged cache, as one arena of token slots (see baseline/contiguous.py).
+            slots = num_blocks * block_size
+            self.cache_manager = ContiguousKVCacheManager(slots, self.max_model_len, kv_manager, placement)
+            self.kv_cache = KVCache(self.spec, slots, 1, device)
+        else:
+            raise ValueError(f"kv_manager must be 'paged' or one of {POLICIES}, got {kv_manager!r}")
         self.cpu_cache = KVCache(self.spec, num_cpu_blocks, block_size, "cpu") if num_cpu_blocks else None
         self.scheduler = Scheduler(
             self.cache_manager,
@@ -178,6 +198,7 @@ class LLMEngine:
             if max_num_batched_tokens is None
             else max_num_batched_tokens,
             preemption_mode=preemption_mode,
+            static_batching=static_batching,
         )
         self.runner = ModelRunner(self.model, self.kv_cache, attention_backend)
         self.sampler = Sampler(check_int("seed", seed))
@@ -251,11 +272,16 @@ class LLMEngine:
             seqs.append(Seq(next(self._seq_ids), request_id, list(token_ids), params, now, i, generator))
         for seq in seqs:
             if not self.cache_manager.fits_at_all(seq):
+                manager = self.cache_manager
+                kept = getattr(manager, "watermark_blocks", 0)
                 raise ValueError(
                     f"request {request_id!r} needs up to {seq.max_total_tokens} tokens of KV cache "
-                    f"(prompt + max_tokens) but the cache holds "
-                    f"{self.cache_manager.num_blocks * self.cache_manager.block_size} "
-                    f"(of which {self.cache_manager.watermark_blocks} blocks stay free for running sequences)"
+                    f"(prompt + max_tokens) but the cache holds {manager.num_blocks * manager.block_size} "
+                    + (
+                        f"(of which {kept} blocks stay free for running sequences)"
+                        if kept
+                        else "(as one contiguous range, after the reservation policy's rounding)"
+                    )
                 )
         for seq in seqs:
             self.scheduler.add(seq)

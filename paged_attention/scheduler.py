@@ -18,6 +18,11 @@ and a waiting one takes its place in the very next step. The scheduler below doe
    Admission stops at the first request that does not fit: skipping ahead to smaller ones would
    let a large request starve forever.
 
+**Static batching** (``static_batching=True``) is the baseline the rest improves on: a batch is
+formed from the head of the queue when nothing runs, and nobody joins until its last member ends,
+as with ``model.generate`` on a fixed batch. A batch stays open only while it fills up over
+several steps because of the token budget.
+
 Why this cannot deadlock: a request that could never fit (its prompt plus ``max_tokens`` beyond the
 whole cache) is rejected when it is added, and the oldest running sequence is never the victim
 while a younger one runs, so the oldest always makes progress and eventually finishes.
@@ -85,6 +90,7 @@ class Scheduler:
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 2048,
         preemption_mode: str = "recompute",
+        static_batching: bool = False,
     ) -> None:
         check_positive_int("max_num_seqs", max_num_seqs)
         check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
@@ -98,6 +104,8 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.preemption_mode = preemption_mode
+        self.static_batching = static_batching
+        self._batch_open = True  # static batching: may the current batch still take newcomers?
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in arrival order: the last one is the next victim
         self.swapped: deque[Sequence] = deque()
@@ -134,8 +142,9 @@ class Scheduler:
         if not out.preempted:
             self._swap_in(out)
             budget = self._schedule_swapped_in(out, budget)
-        if not out.preempted and not self.swapped:
-            self._admit_waiting(out, budget)
+        batch_closed = self.static_batching and self.running and not self._batch_open
+        if not out.preempted and not self.swapped and not batch_closed:
+            self._batch_open = self._admit_waiting(out, budget)
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> None:
@@ -204,20 +213,23 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> bool:
+        """Admit from the head of the queue; returns whether only the token budget stopped it
+        (a static batch then stays open for the next step)."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             n = min(seq.num_uncomputed_tokens, budget)
             if not self.cache.can_admit(seq, n):
-                return
+                return False
             allocation = self.cache.allocate_slots(seq.seq_id, n)
             if allocation is None:
-                return
+                return False
             self.waiting.popleft()
             self._run(seq)
             out.block_copies += allocation.copies
             out.scheduled.append(ScheduledSequence.of(seq, n, allocation.slot_mapping))
             budget -= n
+        return bool(self.waiting) and budget <= 0 and len(self.running) < self.max_num_seqs
 
     def _run(self, seq: Sequence) -> None:
         """Join the running set in arrival order, so that ``running[-1]`` is always the latest arrival."""
