@@ -26,8 +26,14 @@ Assumptions, all deliberate:
 
 * Compute and memory traffic overlap perfectly (that is what ``max`` means); real steps sit a little
   above the roofline.
-* Ignored: kernel launch and CPU overheads (scheduling, sampling, Python), activation traffic, layer
-  norms, softmax and other element-wise work, tensor/pipeline parallelism (one GPU).
+* Ignored: activation traffic, layer norms, softmax and other element-wise work, tensor/pipeline
+  parallelism (one GPU). CPU time per step (scheduling, sampling, Python, kernel launches) is ignored
+  unless ``step_overhead`` (seconds, added to every step) says otherwise; the experiments set it.
+* **Small paged blocks cost bandwidth.** A paged kernel reads each block's K and V per layer and KV
+  head as separate pieces of ``block_size x head_dim`` elements (256 bytes per token for OPT-13B in
+  fp16). Each piece also costs a fixed ``block_read_overhead`` (256 bytes by default: the block-table
+  lookup and a partly used memory burst), so 1-token blocks read at half speed and 16-token blocks at
+  94%. The figure is an assumption; it matters only for the block-size experiment.
 * **Attention FLOPs are not counted** (QK^T and PV: 4 x layers x hidden per (query, key) pair). A step
   is given only the total of its context lengths, not the causal (query, key) pairs, and the FLOPs are
   small: for a 2048-token OPT-13B prefill they are ~3% of the matmul FLOPs, and in decode attention is
@@ -95,6 +101,7 @@ class ModelSpec:
     dtype_bytes: int  # bytes per weight and per KV element
     kv_bytes_per_token: int
     max_model_len: int
+    kv_streams: int = 1  # separately laid-out K/V pieces of one block: 2 x layers x KV heads
 
     @property
     def weight_bytes(self) -> int:
@@ -121,7 +128,10 @@ class ModelSpec:
         if c.model_type in _LEARNED_POSITIONS:
             embeddings += (c.max_position_embeddings + _LEARNED_POSITIONS[c.model_type]) * hidden
         num_params = c.num_hidden_layers * (attention + mlp) + embeddings
-        return cls(name, num_params, kv.dtype.itemsize, kv.bytes_per_token, c.max_position_embeddings)
+        streams = 2 * kv.num_layers * kv.num_kv_heads
+        return cls(
+            name, num_params, kv.dtype.itemsize, kv.bytes_per_token, c.max_position_embeddings, streams
+        )
 
 
 def _config(class_name: str, **shape: int) -> Callable[[], Any]:
@@ -185,6 +195,7 @@ class CostModel:
     bandwidth_efficiency: float = 0.8  # assumed fraction of peak HBM bandwidth achieved
     flops_efficiency: float = 0.6  # assumed fraction of peak tensor-core FLOP/s achieved
     step_overhead: float = 0.0  # seconds per step outside the GPU's work (scheduling, sampling, launches)
+    block_read_overhead: int = 256  # bytes of memory traffic wasted per K or V piece of a paged block read
 
     def __post_init__(self) -> None:
         for name in ("bandwidth_efficiency", "flops_efficiency"):
@@ -199,26 +210,30 @@ class CostModel:
         """``CostModel.named("A100-40GB", "OPT-13B")``: both from the named tables, fp16."""
         return cls(gpu_spec(gpu), model_spec(model), **knobs)
 
-    def step_cost(self, num_tokens: int, kv_tokens_read: int) -> StepCost:
+    def step_cost(self, num_tokens: int, kv_tokens_read: int, kv_blocks_read: int = 0) -> StepCost:
         """Roofline of one step over ``num_tokens`` new tokens whose attention reads ``kv_tokens_read``.
 
         ``num_tokens``: prefill chunk tokens plus one per decoding sequence. ``kv_tokens_read``: the
-        sum of the scheduled sequences' context lengths. An empty step (``num_tokens=0``) costs nothing.
+        sum of the scheduled sequences' context lengths. ``kv_blocks_read``: how many paged blocks
+        those contexts span (0 for contiguous memory); each costs ``block_read_overhead`` bytes of
+        traffic per K or V piece on top of its data. An empty step (``num_tokens=0``) costs nothing.
         """
         check_int("num_tokens", num_tokens, minimum=0)
         check_int("kv_tokens_read", kv_tokens_read, minimum=0)
+        check_int("kv_blocks_read", kv_blocks_read, minimum=0)
         if num_tokens == 0:
             return StepCost(0, 0, 0.0, 0.0)
         kv_bytes = (kv_tokens_read + num_tokens) * self.model.kv_bytes_per_token
+        kv_bytes += kv_blocks_read * self.model.kv_streams * self.block_read_overhead
         bytes_moved = self.model.weight_bytes + kv_bytes
         flops = 2 * self.model.num_params * num_tokens
         memory_time = bytes_moved / (self.gpu.hbm_bytes_per_s * self.bandwidth_efficiency)
         compute_time = flops / (self.gpu.peak_flops * self.flops_efficiency)
         return StepCost(bytes_moved, flops, memory_time, compute_time)
 
-    def step_time(self, num_tokens: int, kv_tokens_read: int) -> float:
+    def step_time(self, num_tokens: int, kv_tokens_read: int, kv_blocks_read: int = 0) -> float:
         """Seconds for one step: its roofline (see :meth:`step_cost`) plus ``step_overhead``."""
-        cost = self.step_cost(num_tokens, kv_tokens_read)
+        cost = self.step_cost(num_tokens, kv_tokens_read, kv_blocks_read)
         return cost.time + self.step_overhead if num_tokens else 0.0
 
     def decode_step_time(self, batch_size: int, mean_context: float) -> float:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
+from ._checks import cdiv
 from .cache_manager import KVCacheManager
 from .metrics import MemoryReport
 from .sampling import SamplingParams
@@ -167,15 +168,17 @@ def run_trace(
     return result
 
 
-def cost_model_step_time(model: object) -> StepTime:
+def cost_model_step_time(model: object, block_size: int | None = None) -> StepTime:
     """A ``step_time`` for :func:`run_trace` from a :class:`~paged_attention.cost_model.CostModel`.
 
     A step processes ``out.num_tokens`` new tokens, and each scheduled sequence's attention reads
-    its whole context so far (``start + num_new_tokens`` cached token states).
+    its whole context so far (``start + num_new_tokens`` cached token states). Give ``block_size``
+    for a paged cache, so that the model can charge each block read (contiguous memory: ``None``).
     """
 
     def step_time(out: SchedulerOutput) -> float:
-        kv_read = sum(s.start + s.num_new_tokens for s in out.scheduled)
-        return model.step_time(out.num_tokens, kv_read)  # type: ignore[attr-defined]
+        contexts = [s.start + s.num_new_tokens for s in out.scheduled]
+        blocks = sum(cdiv(c, block_size) for c in contexts) if block_size else 0
+        return model.step_time(out.num_tokens, sum(contexts), blocks)  # type: ignore[attr-defined]
 
     return step_time
