@@ -139,6 +139,23 @@ class ContiguousKVCacheManager:
             free_slots=self.placement.free_slots - unusable,
         )
 
+    def segments(self) -> list[tuple[int, int, str]]:
+        """``(start, length, category)`` pieces of every reservation, by address, for pictures:
+        ``"tokens"``, ``"reserved"``, ``"internal"`` and ``"rounding"`` (the placement's slack)."""
+        pieces = []
+        for r in sorted(self.reservations.values(), key=lambda r: r.start):
+            end_tokens = r.start + r.num_tokens
+            end_final = r.start + max(r.final_len, r.num_tokens)
+            for start, end, category in (
+                (r.start, end_tokens, "tokens"),
+                (end_tokens, end_final, "reserved"),
+                (end_final, r.start + r.slots, "internal"),
+                (r.start + r.slots, r.start + r.footprint, "rounding"),
+            ):
+                if end > start:
+                    pieces.append((start, end - start, category))
+        return pieces
+
     @property
     def num_free_blocks(self) -> int:
         return self.placement.free_slots
