@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("name", choices=BENCHMARKS)
     figures = sub.add_parser("figures", help="regenerate figures/ from the notebooks")
     figures.add_argument("--timeout", type=int, default=600, help="seconds allowed per notebook")
+    figures.add_argument("--notebooks-only", action="store_true", help="skip the experiments (bench ...)")
     opts, rest = parser.parse_known_args(argv)
     if rest and opts.command != "bench":  # bench passes the rest to the benchmark's own parser
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     elif opts.command == "figures":
         from .figures import regenerate_figures
 
-        regenerate_figures(timeout=opts.timeout)
+        regenerate_figures(timeout=opts.timeout, experiments=not opts.notebooks_only)
     return 0
 
 

@@ -103,12 +103,14 @@ def run_trace(
     step_time: StepTime | None = None,
     report_every: int = 1,
     max_steps: int = 1_000_000,
+    until: float | None = None,
     progress: bool = False,
 ) -> TraceResult:
     """Serve ``trace`` with the real scheduler; return per-step records.
 
-    ``report_every`` records the full memory report every that many steps (0: never; the token
-    count is recorded on every step regardless). ``progress`` shows a progress bar of finished requests.
+    ``report_every`` records the full memory report every that many steps (0: never).
+    ``until`` stops the run once the clock reaches it, leaving the cache as it is then (for
+    snapshots); unfinished requests have no finish time. ``progress`` shows a progress bar.
     """
     scheduler = Scheduler(cache, max_num_seqs, max_num_batched_tokens, preemption_mode, static_batching)
     pending = sorted(range(len(trace)), key=lambda i: (trace[i].arrival_time, i))
@@ -123,6 +125,8 @@ def run_trace(
     step = 0
     now = 0.0
     while next_arrival < len(pending) or scheduler.has_unfinished():
+        if until is not None and (now if step_time is not None else step) >= until:
+            break
         if step >= max_steps:
             raise RuntimeError(f"trace did not finish within {max_steps} steps")
         if not scheduler.has_unfinished():  # idle: jump to the next arrival

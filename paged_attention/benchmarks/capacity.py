@@ -4,7 +4,7 @@ Two measurements, both through the real scheduler and managers with OPT-13B/A100
 
 * the paper's point: the ShareGPT-like trace at 2 requests/s on its 12 GiB (15,728-slot) cache;
   average (over time) and peak number of running requests per manager, beside the paper's counts;
-* the same question against the KV budget (4-32 GiB) under a backlog (every request waiting from
+* the same question against the KV budget (4-24 GiB) under a backlog (every request waiting from
   the start), time-averaged over the run: how the gap grows or shrinks with memory.
 
 Writes ``figures/capacity.{png,json}``.
@@ -22,7 +22,7 @@ from ..workloads import synthetic_trace
 from ._progress import progress as bar
 from ._results import table, write_results
 
-BUDGETS_GIB = (4, 8, 12, 16, 24, 32)
+BUDGETS_GIB = (4, 8, 12, 16, 24)
 
 
 def run(
