@@ -3,7 +3,9 @@
 * ``demo``: the main job: serve a batch of requests with the embedded model under a small KV budget.
 * ``generate``: stream one completion from a model (``--model`` folder or cached hub name).
 * ``walkthrough``: paged KV memory step by step (allocator, page tables, fork, copy-on-write).
-* ``bench <name>``: benchmarks (``allocator``, ``kernel``, ``engine``); each measures side by side.
+* ``bench <name>``: benchmarks (``allocator``, ``kernel``, ``engine``) and the paper's experiments
+  (``fragmentation``, ``capacity``, ``throughput``, ``latency``, ``block-size``), each writing
+  ``figures/<name>.png`` and the JSON behind it; each measures side by side.
 * ``figures``: regenerate every figure under ``figures/`` by running the notebooks that draw them.
 """
 
@@ -12,7 +14,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-BENCHMARKS = ("allocator", "kernel", "engine")
+BENCHMARKS = (
+    "allocator",
+    "kernel",
+    "engine",
+    "fragmentation",
+    "capacity",
+    "throughput",
+    "latency",
+    "block-size",
+)
 
 
 def _generate(opts: argparse.Namespace) -> None:
@@ -67,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("name", choices=BENCHMARKS)
     figures = sub.add_parser("figures", help="regenerate figures/ from the notebooks")
     figures.add_argument("--timeout", type=int, default=600, help="seconds allowed per notebook")
+    figures.add_argument("--notebooks-only", action="store_true", help="skip the experiments (bench ...)")
     opts, rest = parser.parse_known_args(argv)
     if rest and opts.command != "bench":  # bench passes the rest to the benchmark's own parser
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -82,13 +94,14 @@ def main(argv: list[str] | None = None) -> int:
 
         run_walkthrough(seed=opts.seed)
     elif opts.command == "bench":
-        from .benchmarks import allocator, engine, kernel
+        import importlib
 
-        {"allocator": allocator.main, "kernel": kernel.main, "engine": engine.main}[opts.name](rest)
+        module = importlib.import_module(f".benchmarks.{opts.name.replace('-', '_')}", __package__)
+        module.main(rest)
     elif opts.command == "figures":
         from .figures import regenerate_figures
 
-        regenerate_figures(timeout=opts.timeout)
+        regenerate_figures(timeout=opts.timeout, experiments=not opts.notebooks_only)
     return 0
 
 

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ._checks import cdiv, check_int, check_positive_int
+from .baseline import POLICIES, ContiguousKVCacheManager
 from .beam_search import BeamSearch, BeamSearchOutput, BeamSearchSequence, penalized_score
 from .cache_manager import PagedKVCacheManager
 from .kv_cache import KVCache, KVCacheSpec
@@ -130,7 +131,14 @@ class StepStats:
 
 
 class LLMEngine:
-    """A continuous-batching engine over paged KV memory, driving a transformers causal LM."""
+    """A continuous-batching engine over paged KV memory, driving a transformers causal LM.
+
+    The baselines of the experiments run through this very engine: ``kv_manager="max"``,
+    ``"pow2"`` or ``"oracle"`` swaps the paged cache for a contiguous one of the same bytes (one
+    range reserved per request, placed by ``placement="buddy"`` or ``"first-fit"``; see
+    :mod:`paged_attention.baseline`), and ``static_batching=True`` runs fixed batches to the end
+    as ``model.generate`` does.
+    """
 
     def __init__(
         self,
@@ -152,6 +160,9 @@ class LLMEngine:
         watermark: float = 0.01,
         enable_prefix_caching: bool = True,
         seed: int = 0,
+        kv_manager: str = "paged",
+        placement: str = "buddy",
+        static_batching: bool = False,
     ) -> None:
         check_positive_int("block_size", block_size)
         if not isinstance(gpu_memory_utilization, (int, float)) or not 0 < gpu_memory_utilization <= 1:
@@ -181,12 +192,22 @@ class LLMEngine:
             num_kv_blocks, kv_cache_memory, gpu_memory_utilization, block_size, device
         )
         if num_cpu_blocks is None:
-            num_cpu_blocks = num_blocks if preemption_mode == "swap" else 0
-        self.cache_manager = PagedKVCacheManager(
-            num_blocks, block_size, watermark, num_cpu_blocks, enable_prefix_caching
-        )
-        self.can_fork = isinstance(self.cache_manager, PagedKVCacheManager)  # n > 1 and beams share pages
-        self.kv_cache = KVCache(self.spec, num_blocks, block_size, device)
+            num_cpu_blocks = num_blocks if preemption_mode == "swap" and kv_manager == "paged" else 0
+        self.cache_manager: PagedKVCacheManager | ContiguousKVCacheManager
+        if kv_manager == "paged":
+            self.cache_manager = PagedKVCacheManager(
+                num_blocks, block_size, watermark, num_cpu_blocks, enable_prefix_caching
+            )
+            self.kv_cache = KVCache(self.spec, num_blocks, block_size, device)
+        elif kv_manager in POLICIES:
+            # The same bytes as the paged cache, as one arena of token slots (see baseline/contiguous.py).
+            slots = num_blocks * block_size
+            self.cache_manager = ContiguousKVCacheManager(slots, self.max_model_len, kv_manager, placement)
+            self.kv_cache = KVCache(self.spec, slots, 1, device)
+        else:
+            raise ValueError(f"kv_manager must be 'paged' or one of {POLICIES}, got {kv_manager!r}")
+        # n > 1 and beams share pages; a contiguous cache serves n samples as n independent sequences.
+        self.can_fork = isinstance(self.cache_manager, PagedKVCacheManager)
         self.cpu_cache = KVCache(self.spec, num_cpu_blocks, block_size, "cpu") if num_cpu_blocks else None
         self.scheduler = Scheduler(
             self.cache_manager,
@@ -195,6 +216,7 @@ class LLMEngine:
             if max_num_batched_tokens is None
             else max_num_batched_tokens,
             preemption_mode=preemption_mode,
+            static_batching=static_batching,
         )
         self.runner = ModelRunner(self.model, self.kv_cache, attention_backend)
         self.sampler = Sampler(check_int("seed", seed))
@@ -311,11 +333,16 @@ class LLMEngine:
 
     def _check_fits(self, request_id: str, seq: Seq) -> None:
         if not self.cache_manager.fits_at_all(seq):
+            manager = self.cache_manager
+            kept = getattr(manager, "watermark_blocks", 0)
             raise ValueError(
                 f"request {request_id!r} needs up to {seq.max_total_tokens} tokens of KV cache "
-                f"(prompt + max_tokens) but the cache holds "
-                f"{self.cache_manager.num_blocks * self.cache_manager.block_size} "
-                f"(of which {self.cache_manager.watermark_blocks} blocks stay free for running sequences)"
+                f"(prompt + max_tokens) but the cache holds {manager.num_blocks * manager.block_size} "
+                + (
+                    f"(of which {kept} blocks stay free for running sequences)"
+                    if kept
+                    else "(as one contiguous range, after the reservation policy's rounding)"
+                )
             )
 
     def _check_beams_fit(self, request_id: str, seq: Seq, width: int) -> None:
@@ -597,6 +624,8 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block that no sequence holds (e.g. between benchmark runs)."""
+        if not isinstance(self.cache_manager, PagedKVCacheManager):
+            return 0  # a contiguous cache keeps no prefix cache
         return self.cache_manager.reset_prefix_cache()
 
 

@@ -1,7 +1,10 @@
-"""Regenerate ``figures/``: every figure is drawn by a notebook through :mod:`paged_attention.plots`.
+"""Regenerate ``figures/``: the notebooks' figures, then the experiments' (``bench ...``) results.
 
-The notebooks are the one place each figure is built, step by step, so this command simply runs
-them (on copies; the stored notebook outputs are left alone) and lets them save their figures.
+Every figure is drawn through :mod:`paged_attention.plots`. The notebooks build theirs step by step,
+so this command runs them (on copies; the stored notebook outputs are left alone) and lets them
+save their figures. The paper's experiments at full size are benchmark commands; their figures
+(``fragmentation``, ``capacity``, ``latency``, ``block_size``, ``throughput``) come from running
+those commands with their default settings.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ def notebook_paths() -> list[Path]:
     return sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
-def regenerate_figures(timeout: int = 600) -> None:
+EXPERIMENTS = ("fragmentation", "capacity", "latency", "block-size", "throughput")
+
+
+def regenerate_figures(timeout: int = 600, experiments: bool = True) -> None:
     try:
         import nbformat
         from nbclient import NotebookClient
@@ -37,6 +43,13 @@ def regenerate_figures(timeout: int = 600) -> None:
             resources={"metadata": {"path": str(path.parent)}},
         ).execute()
         print(f"{path.name}: ran in {time.perf_counter() - start:.1f} s")
+    if experiments:
+        import importlib
+
+        for name in EXPERIMENTS:
+            start = time.perf_counter()
+            importlib.import_module(f".benchmarks.{name.replace('-', '_')}", __package__).main([])
+            print(f"bench {name}: ran in {time.perf_counter() - start:.1f} s")
     print(f"figures in {figures_dir()}:")
     for png in sorted(figures_dir().glob("*.png")):
         print(f"  {png.name}")

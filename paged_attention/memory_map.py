@@ -43,3 +43,22 @@ def format_memory_map(
         chunk = cells[start : start + blocks_per_line]
         lines.append(f"{start:>4} |" + "|".join("".join(c) for c in chunk) + "|")
     return "\n".join(lines)
+
+
+def paged_segments(tables: Sequence[PageTable], block_size: int) -> list[tuple[int, int, str]]:
+    """``(start slot, length, category)`` pieces of a paged cache, by address, for
+    :func:`paged_attention.plots.arena_map`: each block's written slots (``"tokens"``) and its
+    unfilled tail (``"internal"``). The contiguous manager's ``segments()`` gives the same for a
+    contiguous cache, so the two can be drawn on one scale."""
+    filled: dict[int, int] = {}
+    for table in tables:
+        for index, block_id in enumerate(table.block_ids):
+            written = min(block_size, table.num_tokens - index * block_size)
+            filled[block_id] = max(filled.get(block_id, 0), written)
+    pieces = []
+    for block_id in sorted(filled):
+        start, written = block_id * block_size, filled[block_id]
+        pieces.append((start, written, "tokens"))
+        if written < block_size:
+            pieces.append((start + written, block_size - written, "internal"))
+    return pieces

@@ -117,9 +117,8 @@ def paged_memory_report(
             in_block = min(block_size, table.num_tokens - index * block_size)
             filled[block_id] = max(filled.get(block_id, 0), in_block)
             holders[block_id] = holders.get(block_id, 0) + 1
-    if allocator.num_used_blocks != len(holders) or any(
-        allocator.ref_count(b) != n for b, n in holders.items()
-    ):
+    blocks = allocator.blocks  # direct reads: this runs every step of long simulations
+    if allocator.num_used_blocks != len(holders) or any(blocks[b].ref_cnt != n for b, n in holders.items()):
         raise ValueError(
             "the page tables given do not account for every block in use (pass all of them): "
             "each block's ref count must equal the number of tables holding it"

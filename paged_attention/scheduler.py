@@ -26,6 +26,11 @@ beam waits for its siblings: once its newest token is computed it has nothing to
 (``num_uncomputed_tokens == 0``) and is *parked*, skipped, until the engine has chosen the next
 beams from all of them.
 
+**Static batching** (``static_batching=True``) is the baseline the rest improves on: a batch is
+formed from the head of the queue when nothing runs, and nobody joins until its last member ends,
+as with ``model.generate`` on a fixed batch. A batch stays open only while it fills up over
+several steps because of the token budget.
+
 Why this cannot deadlock: a request that could never fit (its prompt plus ``max_tokens`` beyond the
 whole cache) is rejected when it is added, and the oldest running sequence is never the victim
 while a younger one runs, so the oldest always makes progress and eventually finishes. Parked beams
@@ -97,6 +102,7 @@ class Scheduler:
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 2048,
         preemption_mode: str = "recompute",
+        static_batching: bool = False,
     ) -> None:
         check_positive_int("max_num_seqs", max_num_seqs)
         check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
@@ -110,6 +116,8 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.preemption_mode = preemption_mode
+        self.static_batching = static_batching
+        self._batch_open = True  # static batching: may the current batch still take newcomers?
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in arrival order: the last one is the next victim
         self.swapped: deque[Sequence] = deque()
@@ -155,8 +163,9 @@ class Scheduler:
         if not out.preempted:
             self._swap_in(out)
             budget = self._schedule_swapped_in(out, budget)
-        if not out.preempted and not self.swapped:
-            self._admit_waiting(out, budget)
+        batch_closed = self.static_batching and self.running and not self._batch_open
+        if not out.preempted and not self.swapped and not batch_closed:
+            self._batch_open = self._admit_waiting(out, budget)
         if out.is_empty and not (out.preempted or out.swap_in) and (self.waiting or self.swapped):
             # Nothing could run: parked beams must be holding the memory that the rest need.
             parked = [s for s in self.running if s.num_uncomputed_tokens == 0]
@@ -239,7 +248,9 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> bool:
+        """Admit from the head of the queue; returns whether only the token budget stopped it
+        (a static batch then stays open for the next step)."""
         seats = self._seats_in_use()
         while self.waiting and budget > 0 and seats + self.waiting[0].num_seats <= self.max_num_seqs:
             seq = self.waiting[0]
@@ -248,13 +259,14 @@ class Scheduler:
             allocation = self.cache.allocate_slots(seq, n) if self.cache.can_admit(seq, n) else None
             if allocation is None:
                 seq.num_computed_tokens = 0
-                return
+                return False
             self.waiting.popleft()
             self._run(seq)
             out.block_copies += allocation.copies
             out.scheduled.append(ScheduledSequence.of(seq, n, allocation.slot_mapping))
             budget -= n
             seats += seq.num_seats
+        return bool(self.waiting) and budget <= 0 and seats < self.max_num_seqs
 
     def _seats_in_use(self) -> int:
         """Places in ``max_num_seqs`` taken: one per running sequence, plus the forks they will make."""

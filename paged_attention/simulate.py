@@ -7,19 +7,28 @@ instead of a forward pass it appends a dummy token to every sequence that sample
 when its scripted output length is reached.
 An hour of traffic takes seconds, and every step's state is recorded for pictures.
 
-Time is counted in steps (one model iteration each); requests arrive at their trace step.
+**Time.** Without a ``step_time`` model every step lasts one unit and arrival times count steps.
+Given one (for instance :func:`cost_model_step_time`, a roofline model of a named GPU serving a
+named model), each step lasts what that GPU would need for it, arrival times are in seconds, and
+the clock jumps over idle gaps to the next arrival. Averages over a run are then *time*
+averages, as in the PagedAttention paper's Figure 2.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
+from ._checks import cdiv
 from .cache_manager import KVCacheManager
+from .metrics import MemoryReport
 from .sampling import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerOutput
 from .sequence import FinishReason, Sequence
 from .workloads import TraceRequest
+
+StepTime = Callable[[SchedulerOutput], float]
 
 
 @dataclass(frozen=True)
@@ -34,13 +43,17 @@ class StepRecord:
     num_preempted: int
     num_finished: int
     free_blocks: int
-    token_slots: int  # slots holding token states (memory report)
+    token_slots: int  # slots holding token states (memory report; -1 on steps without one)
+    time: float = 0.0  # when the step started
+    duration: float = 1.0
+    report: MemoryReport | None = None  # the full memory report, on the steps that record one
 
 
 @dataclass
 class TraceResult:
     steps: list[StepRecord] = field(default_factory=list)
     finish_step: dict[int, int] = field(default_factory=dict)  # request index -> step it finished
+    finish_time: dict[int, float] = field(default_factory=dict)  # request index -> time it finished
     num_preemptions: int = 0
 
     @property
@@ -49,7 +62,34 @@ class TraceResult:
 
     @property
     def mean_running(self) -> float:
+        """Sequences in the running batch, averaged over steps."""
         return sum(s.num_running for s in self.steps) / max(1, len(self.steps))
+
+    @property
+    def duration(self) -> float:
+        return sum(s.duration for s in self.steps)
+
+    @property
+    def time_mean_running(self) -> float:
+        """Sequences in the running batch, averaged over time (each step weighted by its duration)."""
+        return sum(s.num_running * s.duration for s in self.steps) / max(1e-30, self.duration)
+
+    def mean_memory(self, saturated_only: bool = True) -> dict[str, float]:
+        """Each memory category as a share of the cache, averaged over time (steps with a report).
+
+        ``saturated_only`` keeps the steps in which some request was waiting: memory was the
+        bottleneck then, which is what the comparison is about (the ramp-up of an empty cache and
+        the drain after the last arrival say nothing about a memory manager).
+        """
+        recorded = [s for s in self.steps if s.report is not None and (s.num_waiting or not saturated_only)]
+        total = sum(s.duration for s in recorded)
+        if not recorded or total <= 0:
+            raise ValueError("no memory reports were recorded (run_trace(..., report_every=...))")
+        keys = recorded[0].report.fractions().keys()  # type: ignore[union-attr]
+        return {
+            k: sum(s.report.fractions()[k] * s.duration for s in recorded) / total  # type: ignore[union-attr]
+            for k in keys
+        }
 
 
 def run_trace(
@@ -59,19 +99,40 @@ def run_trace(
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 2048,
     preemption_mode: str = "recompute",
+    static_batching: bool = False,
+    step_time: StepTime | None = None,
+    report_every: int = 1,
     max_steps: int = 1_000_000,
+    until: float | None = None,
+    progress: bool = False,
 ) -> TraceResult:
-    """Serve ``trace`` (``arrival_time`` in steps) with the real scheduler; return per-step records."""
-    scheduler = Scheduler(cache, max_num_seqs, max_num_batched_tokens, preemption_mode)
+    """Serve ``trace`` with the real scheduler; return per-step records.
+
+    ``report_every`` records the full memory report every that many steps (0: never).
+    ``until`` stops the run once the clock reaches it, leaving the cache as it is then (for
+    snapshots); unfinished requests have no finish time. ``progress`` shows a progress bar.
+    """
+    scheduler = Scheduler(cache, max_num_seqs, max_num_batched_tokens, preemption_mode, static_batching)
     pending = sorted(range(len(trace)), key=lambda i: (trace[i].arrival_time, i))
     sequences: dict[int, Sequence] = {}
     result = TraceResult()
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(trace), unit="req", leave=False)
     next_arrival = 0
     step = 0
+    now = 0.0
     while next_arrival < len(pending) or scheduler.has_unfinished():
+        if until is not None and (now if step_time is not None else step) >= until:
+            break
         if step >= max_steps:
             raise RuntimeError(f"trace did not finish within {max_steps} steps")
-        while next_arrival < len(pending) and trace[pending[next_arrival]].arrival_time <= step:
+        if not scheduler.has_unfinished():  # idle: jump to the next arrival
+            now = max(now, trace[pending[next_arrival]].arrival_time)
+        clock = now if step_time is not None else step
+        while next_arrival < len(pending) and trace[pending[next_arrival]].arrival_time <= clock:
             index = pending[next_arrival]
             request = trace[index]
             params = SamplingParams(max_tokens=request.output_len, ignore_eos=True)
@@ -80,6 +141,7 @@ def run_trace(
             sequences[index] = seq
             next_arrival += 1
         out = scheduler.schedule()
+        duration = step_time(out) if step_time is not None else 1.0
         scheduler.after_step(out.scheduled)
         finished = 0
         for s in out.scheduled:
@@ -90,14 +152,37 @@ def run_trace(
                     seq.finish(FinishReason.LENGTH, float(step))
                     scheduler.finish(seq)
                     result.finish_step[seq.seq_id] = step
+                    result.finish_time[seq.seq_id] = (now + duration) if step_time is not None else step + 1
                     finished += 1
-        report = cache.memory_report()
+        report = cache.memory_report() if report_every > 0 and step % report_every == 0 else None
         result.steps.append(
             StepRecord(
                 step, len(scheduler.running), len(scheduler.waiting), len(scheduler.swapped), out.num_tokens,
-                len(out.preempted), finished, getattr(cache, "num_free_blocks", 0), report.token_slots,
+                len(out.preempted), finished, getattr(cache, "num_free_blocks", 0),
+                -1 if report is None else report.token_slots, now, duration, report,
             )
         )  # fmt: skip
+        if bar is not None and finished:
+            bar.update(finished)
+        now += duration
         step += 1
+    if bar is not None:
+        bar.close()
     result.num_preemptions = scheduler.num_preemptions
     return result
+
+
+def cost_model_step_time(model: object, block_size: int | None = None) -> StepTime:
+    """A ``step_time`` for :func:`run_trace` from a :class:`~paged_attention.cost_model.CostModel`.
+
+    A step processes ``out.num_tokens`` new tokens, and each scheduled sequence's attention reads
+    its whole context so far (``start + num_new_tokens`` cached token states). Give ``block_size``
+    for a paged cache, so that the model can charge each block read (contiguous memory: ``None``).
+    """
+
+    def step_time(out: SchedulerOutput) -> float:
+        contexts = [s.start + s.num_new_tokens for s in out.scheduled]
+        blocks = sum(cdiv(c, block_size) for c in contexts) if block_size else 0
+        return model.step_time(out.num_tokens, sum(contexts), blocks)  # type: ignore[attr-defined]
+
+    return step_time
