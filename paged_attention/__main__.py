@@ -4,7 +4,7 @@
 * ``generate``: stream one completion from a model (``--model`` folder or cached hub name).
 * ``walkthrough``: paged KV memory step by step (allocator, page tables, fork, copy-on-write).
 * ``bench <name>``: benchmarks (``allocator``, ``kernel``, ``engine``) and the paper's experiments
-  (``fragmentation``, ``capacity``, ``throughput``, ``latency``, ``block-size``), each writing
+  (``fragmentation``, ``capacity``, ``throughput``, ``latency``, ``block-size``, ``sharing``), each writing
   ``figures/<name>.png`` and the JSON behind it; each measures side by side.
 * ``figures``: regenerate every figure under ``figures/`` by running the notebooks that draw them.
 """
@@ -23,6 +23,7 @@ BENCHMARKS = (
     "throughput",
     "latency",
     "block-size",
+    "sharing",
 )
 
 

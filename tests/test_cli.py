@@ -95,3 +95,16 @@ def test_bench_kernel_smoke_run_on_cpu(tmp_path, capsys):
     rows = json.loads((tmp_path / "kernel_bandwidth.json").read_text())["rows"]
     assert {r["method"] for r in rows} >= {"paged", "contiguous", "sdpa"}
     assert (tmp_path / "kernel_bandwidth.png").stat().st_size > 0
+
+
+def test_bench_sharing_small_run_writes_both_figures(tmp_path, capsys):
+    main(["bench", "sharing", "--requests", "2", "--traces", "alpaca", "--widths", "2", "--prefix-requests",
+          "6", "--budget-requests", "2", "--repeats", "1", "--out", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "beam" in out and "1-shot (80)" in out and "5-shot (341)" in out
+    for name in ("sharing_memory", "sharing_prefix"):
+        assert (tmp_path / f"{name}.png").exists()
+    payload = json.loads((tmp_path / "sharing_prefix.json").read_text())
+    assert all(r["same_outputs"] and r["on"]["hit_rate"] > 0.5 for r in payload["results"].values())
+    memory = json.loads((tmp_path / "sharing_memory.json").read_text())
+    assert 0 < memory["savings"]["alpaca"]["parallel"][0] < memory["savings"]["alpaca"]["beam"][0] < 1

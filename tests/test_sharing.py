@@ -273,3 +273,16 @@ def test_beam_search_params_and_requests_are_checked(model, tokenizer):
     assert not llm.llm_engine.has_unfinished_requests()
     out = llm.beam_search([[5], [6], [7]], BeamSearchParams(beam_width=2, max_tokens=3), concurrency_limit=2)
     assert len(out) == 3 and all(len(o.sequences) == 2 for o in out)
+
+
+def test_a_contiguous_cache_serves_n_samples_unshared_with_the_same_tokens(model64, tokenizer):
+    params = SamplingParams(n=3, seed=4, temperature=0.8, max_tokens=10, ignore_eos=True)
+    paged = LLM(model64, tokenizer=tokenizer, num_kv_blocks=100, block_size=8)
+    contiguous = LLM(model64, tokenizer=tokenizer, num_kv_blocks=100, block_size=8, kv_manager="oracle")
+    assert not contiguous.llm_engine.can_fork
+    shared = paged.generate([5, 6, 7, 8], params, use_tqdm=False)[0]
+    unshared = contiguous.generate([5, 6, 7, 8], params, use_tqdm=False)[0]
+    assert [o.token_ids for o in shared.outputs] == [o.token_ids for o in unshared.outputs]
+    with pytest.raises(ValueError, match="paged KV cache manager"):
+        contiguous.beam_search([[5, 6]], BeamSearchParams(beam_width=2, max_tokens=3))
+    assert contiguous.reset_prefix_cache() and not contiguous.llm_engine.has_unfinished_requests()
