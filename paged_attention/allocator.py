@@ -6,7 +6,7 @@ Three ideas carry the whole design:
 
 1. **A free queue.** Free blocks wait in a queue. ``allocate`` pops from the front, ``free`` appends
    to the back, so the block freed longest ago is reused first. That order does not matter yet,
-   but with prefix caching (a later chapter) a freed block still holds valid keys and values, and
+   but with prefix caching (:mod:`.prefix_cache`) a freed block still holds valid keys and values, and
    reusing the *least recently freed* block first is exactly LRU eviction.
 
 2. **A doubly linked list, not a Python list.** Prefix caching also needs to pull a block *out of

@@ -3,8 +3,8 @@
 Every figure is drawn through :mod:`paged_attention.plots`. The notebooks build theirs step by step,
 so this command runs them (on copies; the stored notebook outputs are left alone) and lets them
 save their figures. The paper's experiments at full size are benchmark commands; their figures
-(``fragmentation``, ``capacity``, ``latency``, ``block_size``, ``throughput``) come from running
-those commands with their default settings.
+(``fragmentation``, ``capacity``, ``latency``, ``block_size``, ``throughput``, ``sharing_memory``,
+``sharing_prefix``) come from running those commands with their default settings.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def notebook_paths() -> list[Path]:
     return sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
-EXPERIMENTS = ("fragmentation", "capacity", "latency", "block-size", "throughput")
+EXPERIMENTS = ("fragmentation", "capacity", "latency", "block-size", "throughput", "sharing")
 
 
 def regenerate_figures(timeout: int = 600, experiments: bool = True) -> None:

@@ -783,9 +783,15 @@ def prefix_tree(
         ax.text(x, y, text, ha="center", va="center", fontsize=7, zorder=3,
                 color="white" if state == "in use" else "#1a202c")  # fmt: skip
     for node, labels in ends.items():
-        ax.text(depth[node] + 0.5, -row[node], ", ".join(labels), va="center", fontsize=8, color="#2d3748")
+        if children.get(node):  # a request that others continue: its name goes under its last block
+            ax.text(depth[node], -row[node] - 0.27, ", ".join(labels), ha="center", va="top", fontsize=7,
+                    color="#2d3748")  # fmt: skip
+        else:
+            ax.text(
+                depth[node] + 0.5, -row[node], ", ".join(labels), va="center", fontsize=8, color="#2d3748"
+            )
     ax.set_xlim(-0.6, width + 1.6)
-    ax.set_ylim(-next_row[0] + 0.4, 0.6)
+    ax.set_ylim(-next_row[0] + 0.3, 0.6)
     ax.set_xticks(range(width), [f"block {i}" for i in range(width)], fontsize=7)
     ax.set_yticks([])
     ax.spines[["top", "right", "left"]].set_visible(False)
@@ -861,5 +867,27 @@ def prefix_caching_speedup(results: dict[str, dict[str, float]], paper: dict[str
     ax.set_title(
         title or "A shared few-shot prefix, computed once (the paper's Figure 17 setup)", fontsize=10
     )
+    fig.tight_layout()
+    return fig
+
+
+def sharing_over_time(
+    used_blocks: Sequence[int], unshared_blocks: Sequence[int], title: str = "", label: str = "step"
+) -> Figure:
+    """Blocks held at each step, and how many the same page tables would hold without sharing."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    steps = range(len(used_blocks))
+    ax.fill_between(
+        steps, used_blocks, unshared_blocks, color="#fbd38d", alpha=0.6, lw=0, label="saved by sharing"
+    )
+    ax.plot(steps, unshared_blocks, color="#c05621", lw=1.2, label="without sharing")
+    ax.plot(steps, used_blocks, color=COLORS["tokens"], lw=1.5, label="blocks in use")
+    ax.set_xlabel(label)
+    ax.set_ylabel("KV blocks")
+    ax.set_ylim(0, None)
+    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    ax.spines[["top", "right"]].set_visible(False)
+    if title:
+        ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig

@@ -286,3 +286,65 @@ def test_a_contiguous_cache_serves_n_samples_unshared_with_the_same_tokens(model
     with pytest.raises(ValueError, match="paged KV cache manager"):
         contiguous.beam_search([[5, 6]], BeamSearchParams(beam_width=2, max_tokens=3))
     assert contiguous.reset_prefix_cache() and not contiguous.llm_engine.has_unfinished_requests()
+
+
+# -- everything at once ------------------------------------------------------------------------
+def _micro_model(tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256, initializer_range=0.3,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    return LlamaForCausalLM(config).eval().to(torch.float64)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_random_mix_of_samples_beams_shared_prefixes_and_aborts_loses_nothing(mode, tokenizer):
+    model = _micro_model(tokenizer)
+    rng = random.Random(7)
+    prefixes = [[rng.randrange(3, 500) for _ in range(rng.randint(8, 30))] for _ in range(3)]
+    requests = []
+    for i in range(60):
+        prompt = rng.choice(prefixes) + [rng.randrange(3, 500) for _ in range(rng.randint(1, 10))]
+        kind = rng.choice(["greedy", "samples", "beams"])
+        if kind == "greedy":
+            params = SamplingParams(temperature=0, max_tokens=rng.randint(1, 12))
+        elif kind == "samples":
+            params = SamplingParams(
+                n=rng.randint(2, 3), seed=i, max_tokens=rng.randint(1, 12), ignore_eos=True
+            )
+        else:
+            params = BeamSearchParams(beam_width=rng.randint(1, 3), max_tokens=rng.randint(1, 8))
+        requests.append((i // 3, prompt, params, rng.random() < 0.1))
+
+    def run(engine):
+        pending, outputs, step = list(range(len(requests))), {}, 0
+        while pending or engine.has_unfinished_requests():
+            while pending and requests[pending[0]][0] <= step:
+                i = pending.pop(0)
+                engine.add_request(str(i), requests[i][1], requests[i][2])
+            for out in engine.step():
+                outputs[out.request_id] = [o.token_ids for o in out.outputs]
+            for i, (arrival, _, _, abort) in enumerate(requests):
+                if abort and step == arrival + 3 and str(i) in engine.requests:
+                    engine.abort_request(str(i))
+            step += 1
+        return outputs
+
+    roomy = run(LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=2000))
+    engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=40, max_num_batched_tokens=24,
+                       max_num_seqs=12, preemption_mode=mode)  # fmt: skip
+    tight = run(engine)
+    kept = {str(i) for i, r in enumerate(requests) if not r[3]}  # an abort may come before or after the end
+    assert {k: v for k, v in tight.items() if k in kept} == {k: v for k, v in roomy.items() if k in kept}
+    assert kept <= set(tight)
+    assert engine.scheduler.num_preemptions > 0
+    cache = engine.cache_manager
+    assert cache.num_free_blocks == 40 and not cache.tables and not cache.swapped
+    assert not engine.requests and not engine.beam_requests and not engine.scheduler.has_unfinished()
+    if cache.cpu_allocator is not None:
+        assert cache.cpu_allocator.num_free_blocks == cache.cpu_allocator.num_blocks
