@@ -89,10 +89,8 @@ class MemoryReport:
 
     def __str__(self) -> str:
         rows = [f"{name:>24}: {frac:6.1%}" for name, frac in self.fractions().items()]
-        head = (
-            f"MemoryReport({self.total_slots} slots, {self.shared_blocks} shared blocks, "
-            f"{self.saved_blocks} blocks saved by sharing)"
-        )
+        saved = f", {self.saved_blocks} blocks saved by sharing" if self.saved_blocks else ""
+        head = f"MemoryReport({self.total_slots} slots, {self.shared_blocks} shared blocks{saved})"
         return "\n".join([head, *rows])
 
 
