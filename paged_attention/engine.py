@@ -523,7 +523,7 @@ class LLMEngine:
                     self.scheduler.finish(beam)
             for beam, c in zip(new_beams, chosen, strict=True):
                 beam.output_token_ids.append(c.token)
-            if chosen and request.metrics.first_token_time is None:
+            if request.metrics.first_token_time is None:  # the first tokens were chosen (or ended) now
                 request.metrics.first_token_time = now
             request.seqs, request.beam_logprobs = new_beams, [c.cum_logprob for c in chosen]
             if search.done:

@@ -100,6 +100,11 @@ class PrefixCacheStats:
             self.hits += num_hits
 
     @property
+    def misses(self) -> int:
+        """Queried tokens (first admissions) that had to be computed."""
+        return self.queries - self.hits
+
+    @property
     def hit_rate(self) -> float:
         """Fraction of the queried tokens (first admissions) that were cache hits."""
         return self.hits / self.queries if self.queries else 0.0

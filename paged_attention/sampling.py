@@ -7,8 +7,16 @@ own temperature, top-k, top-p and min-p.
 Reproducibility is per request, not per batch: a request with a ``seed`` owns a
 ``torch.Generator`` seeded once, and draws exactly one random number per generated token from it.
 Which other requests share the batch, how the scheduler packs them, and whether the request was
-preempted and recomputed change nothing about its samples. (Requests without a seed draw from
-one engine-wide generator, so they are reproducible only as a whole run.)
+preempted and recomputed change nothing about its random draws. With ``n`` samples, sample ``i``
+draws from its own generator seeded ``seed + i``, so it equals a lone request with seed ``seed + i``
+(the samples share their prompt's KV blocks, which changes memory, not tokens). (Requests without
+a seed draw from one engine-wide generator, so they are reproducible only as a whole run.)
+
+One caveat belongs to floating point, not to this design: a batch of another shape rounds the
+model's matrix products differently (in float32, about one part in a million), and a sampled token
+can move when its draw falls right on a boundary between two tokens. Tests that compare samples
+across batches run the model in float64; bit-identical results in float32 need batch-invariant
+kernels.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ _EPS = 1e-5
 class SamplingParams:
     """How to sample one request's output tokens (vLLM-compatible subset).
 
-    * ``n``: independent samples per prompt (parallel sampling).
+    * ``n``: samples per prompt (parallel sampling); with a ``seed``, sample ``i`` draws from ``seed + i``.
     * ``temperature``: 0 means greedy (argmax); higher flattens the distribution.
     * ``top_p``: keep the smallest set of tokens whose probability adds up to ``top_p`` (0, 1].
     * ``top_k``: keep the ``k`` most likely tokens; 0 or -1 keeps all (vLLM's convention).

@@ -211,6 +211,7 @@ def test_a_shared_prefix_is_found_and_its_last_token_is_always_recomputed():
     c = seq(2, range(8))  # the whole prompt is cached, but its last token needs logits
     assert cache.lookup_prefix(c) == 4
     assert cache.prefix_cache_stats == PrefixCacheStats(requests=2, queries=20, hits=8)
+    assert cache.prefix_cache_stats.misses == 12 and cache.prefix_cache_stats.hit_rate == 0.4
 
 
 def test_freed_blocks_stay_cached_and_a_preempted_sequence_finds_its_own_blocks():

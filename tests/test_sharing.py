@@ -348,3 +348,11 @@ def test_random_mix_of_samples_beams_shared_prefixes_and_aborts_loses_nothing(mo
     assert not engine.requests and not engine.beam_requests and not engine.scheduler.has_unfinished()
     if cache.cpu_allocator is not None:
         assert cache.cpu_allocator.num_free_blocks == cache.cpu_allocator.num_blocks
+
+
+def test_a_one_token_beam_search_ends_at_its_first_step(model, hf_model, tokenizer):
+    llm = LLM(model, tokenizer=tokenizer, num_kv_blocks=50, block_size=4)
+    out = llm.beam_search([[5, 6, 7]], BeamSearchParams(beam_width=3, max_tokens=1))[0]
+    assert [s.tokens[3:] for s in out.sequences] == hf_beams(hf_model, [5, 6, 7], 3, 1, 1.0, {1})
+    assert all(s.finish_reason == "length" for s in out.sequences)
+    assert llm.llm_engine.cache_manager.num_free_blocks == 50
