@@ -11,7 +11,7 @@ Two averages, as in the paper:
 
 * **memory shares** (Figure 2) are time averages over the steps in which some request was waiting,
   i.e. while memory was the bottleneck (an empty cache ramping up, or draining after the last
-  arrival, says nothing about a memory manager);
+  arrival, says nothing about a memory manager); over the whole run if no request ever waited;
 * **batched requests** (Figure 13) are time averages over the whole run.
 """
 
@@ -31,7 +31,7 @@ class ServeRun:
 
     manager: str
     placement: str
-    memory: dict[str, float]  # category -> time-averaged share of the cache, while saturated
+    memory: dict[str, float]  # category -> time-averaged share of the cache, while saturated (if ever)
     mean_batch: float  # running sequences, time-averaged over the run
     peak_batch: int
     preemptions: int
@@ -75,7 +75,7 @@ def serve(
     return ServeRun(
         manager=manager,
         placement=f"blocks of {block_size}" if paged else placement,
-        memory=result.mean_memory() if report_every and saturated else {},
+        memory=result.mean_memory(saturated_only=saturated > 0) if report_every else {},
         mean_batch=result.time_mean_running,
         peak_batch=result.peak_running,
         preemptions=result.num_preemptions,

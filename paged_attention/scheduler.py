@@ -118,6 +118,7 @@ class Scheduler:
         self.preemption_mode = preemption_mode
         self.static_batching = static_batching
         self._batch_open = True  # static batching: may the current batch still take newcomers?
+        self._batch_candidates: set[int] = set()  # ... and who: those waiting when it formed
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in arrival order: the last one is the next victim
         self.swapped: deque[Sequence] = deque()
@@ -164,6 +165,8 @@ class Scheduler:
             self._swap_in(out)
             budget = self._schedule_swapped_in(out, budget)
         batch_closed = self.static_batching and self.running and not self._batch_open
+        if self.static_batching and not self.running:  # a new batch forms from who is waiting now
+            self._batch_candidates = {s.seq_id for s in self.waiting}
         if not out.preempted and not self.swapped and not batch_closed:
             self._batch_open = self._admit_waiting(out, budget)
         if out.is_empty and not (out.preempted or out.swap_in) and (self.waiting or self.swapped):
@@ -254,6 +257,8 @@ class Scheduler:
         seats = self._seats_in_use()
         while self.waiting and budget > 0 and seats + self.waiting[0].num_seats <= self.max_num_seqs:
             seq = self.waiting[0]
+            if self.static_batching and seq.seq_id not in self._batch_candidates:
+                return False  # arrived after this static batch formed: it waits for the next one
             seq.num_computed_tokens = self.cache.lookup_prefix(seq)  # a prefix-cache hit is computed already
             n = min(seq.num_uncomputed_tokens, budget)
             allocation = self.cache.allocate_slots(seq, n) if self.cache.can_admit(seq, n) else None

@@ -84,6 +84,8 @@ class TraceResult:
         recorded = [s for s in self.steps if s.report is not None and (s.num_waiting or not saturated_only)]
         total = sum(s.duration for s in recorded)
         if not recorded or total <= 0:
+            if any(s.report is not None for s in self.steps):
+                raise ValueError("no request ever waited; use saturated_only=False")
             raise ValueError("no memory reports were recorded (run_trace(..., report_every=...))")
         keys = recorded[0].report.fractions().keys()  # type: ignore[union-attr]
         return {
@@ -125,13 +127,15 @@ def run_trace(
     step = 0
     now = 0.0
     while next_arrival < len(pending) or scheduler.has_unfinished():
-        if until is not None and (now if step_time is not None else step) >= until:
-            break
         if step >= max_steps:
             raise RuntimeError(f"trace did not finish within {max_steps} steps")
-        if not scheduler.has_unfinished():  # idle: jump to the next arrival
+        if step_time is None:
+            now = float(step)  # without a time model, time counts steps
+        elif not scheduler.has_unfinished():  # idle: jump to the next arrival
             now = max(now, trace[pending[next_arrival]].arrival_time)
-        clock = now if step_time is not None else step
+        if until is not None and now >= until:
+            break
+        clock = now
         while next_arrival < len(pending) and trace[pending[next_arrival]].arrival_time <= clock:
             index = pending[next_arrival]
             request = trace[index]

@@ -65,6 +65,7 @@ class ContiguousKVCacheManager:
         self.reservations: dict[int, _Reservation] = {}
         self._admitting: dict[int, tuple[int, int]] = {}  # seq_id -> (slots, final_len), from can_admit
         self.blocked_need: int | None = None  # footprint of the request last turned away, if still waiting
+        self._blocked_seq: int | None = None
 
     @property
     def num_slots(self) -> int:
@@ -88,9 +89,9 @@ class ContiguousKVCacheManager:
     def can_admit(self, seq: Sequence, num_new_tokens: int) -> bool:
         size = self._size(seq)
         if not self.placement.can_allocate(size):
-            self.blocked_need = self.placement.footprint(size)
+            self.blocked_need, self._blocked_seq = self.placement.footprint(size), seq.seq_id
             return False
-        self.blocked_need = None
+        self.blocked_need = self._blocked_seq = None
         self._admitting[seq.seq_id] = (size, seq.max_total_tokens)
         return True
 
@@ -119,6 +120,8 @@ class ContiguousKVCacheManager:
 
     def free(self, seq_id: int) -> None:
         self._admitting.pop(seq_id, None)
+        if seq_id == self._blocked_seq:  # the request that was waiting is gone (aborted)
+            self.blocked_need = self._blocked_seq = None
         res = self.reservations.pop(seq_id, None)
         if res is not None:
             self.placement.free(res.start)

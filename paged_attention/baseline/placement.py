@@ -134,6 +134,7 @@ class FirstFitAllocator:
         return check_positive_int("size", size)
 
     def can_allocate(self, size: int) -> bool:
+        check_positive_int("size", size)
         return any(length >= size for _, length in self._holes)
 
     def allocate(self, size: int) -> int | None:

@@ -58,12 +58,14 @@ def main(args: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m paged_attention bench block-size", description=__doc__.split("\n")[0]
     )
+    parser.add_argument("--requests", type=int, default=None, help="requests per trace (default: 600 / 3000)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--out", type=Path, default=None, help="folder for block_size.{png,json} (default figures/)"
     )
     opts = parser.parse_args(args)
-    payload = run(seed=opts.seed, progress=True)
+    traces = {k: (rate, opts.requests or n) for k, (rate, n) in TRACES.items()}
+    payload = run(traces=traces, seed=opts.seed, progress=True)
     for name, t in payload["traces"].items():
         rows = [
             [b, v * 1000, m]
