@@ -98,7 +98,9 @@ def paged_attention_forward(
     q = q.contiguous()
     if ctx.plan is not None:  # checked once when the plan was built; the cache holds finite numbers only
         scale = default_scale(q.shape[-1], scaling)
-        out = reference.decode_with_plan(q, key_cache, value_cache, ctx.plan, scale, zero_padding=False)
+        out = reference.decode_with_plan(
+            q, key_cache, value_cache, ctx.plan, scale, zero_padding=False, fused=True
+        )
     elif ctx.decode_only:
         out = kernels.paged_decode(q, key_cache, value_cache, ctx.block_tables, ctx.seq_lens, scaling,
                                    backend=ctx.backend)  # fmt: skip

@@ -89,8 +89,8 @@ def serve_once(
 
 
 def run(
-    num_requests: int = 96,
-    kv_slots: int = 4096,
+    num_requests: int = 128,
+    kv_slots: int = 2048,
     max_model_len: int = 512,
     repeats: int = 2,
     seed: int = 0,
@@ -149,8 +149,8 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument(
         "--model", default=None, help="checkpoint folder or cached hub name (default: embedded)"
     )
-    parser.add_argument("--requests", type=int, default=96)
-    parser.add_argument("--kv-slots", type=int, default=4096, help="KV token slots for every manager")
+    parser.add_argument("--requests", type=int, default=128)
+    parser.add_argument("--kv-slots", type=int, default=2048, help="KV token slots for every manager")
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--repeats", type=int, default=2)
