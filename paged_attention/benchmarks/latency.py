@@ -19,7 +19,7 @@ from ..workloads import synthetic_trace
 from ._progress import progress as bar
 from ._results import table, write_results
 
-RATES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5)
+RATES = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.25, 2.5)
 THRESHOLD = 0.1  # s/token: about 2.5x the unloaded normalized latency of this setup
 
 
