@@ -87,11 +87,11 @@ class TraceResult:
             if any(s.report is not None for s in self.steps):
                 raise ValueError("no request ever waited; use saturated_only=False")
             raise ValueError("no memory reports were recorded (run_trace(..., report_every=...))")
-        keys = recorded[0].report.fractions().keys()  # type: ignore[union-attr]
-        return {
-            k: sum(s.report.fractions()[k] * s.duration for s in recorded) / total  # type: ignore[union-attr]
-            for k in keys
-        }
+        sums: dict[str, float] = {}
+        for s in recorded:
+            for k, share in s.report.fractions().items():  # type: ignore[union-attr]
+                sums[k] = sums.get(k, 0.0) + share * s.duration
+        return {k: v / total for k, v in sums.items()}
 
 
 def run_trace(
@@ -135,8 +135,7 @@ def run_trace(
             now = max(now, trace[pending[next_arrival]].arrival_time)
         if until is not None and now >= until:
             break
-        clock = now
-        while next_arrival < len(pending) and trace[pending[next_arrival]].arrival_time <= clock:
+        while next_arrival < len(pending) and trace[pending[next_arrival]].arrival_time <= now:
             index = pending[next_arrival]
             request = trace[index]
             params = SamplingParams(max_tokens=request.output_len, ignore_eos=True)

@@ -19,31 +19,17 @@ from paged_attention.baseline import (
 from paged_attention.cache_manager import PagedKVCacheManager
 from paged_attention.metrics import MemoryReport
 from paged_attention.paper import KV_SLOTS, MAX_MODEL_LEN, make_manager
-from paged_attention.sampling import SamplingParams
 from paged_attention.scheduler import Scheduler
-from paged_attention.sequence import FinishReason, Sequence
 from paged_attention.simulate import run_trace
 from paged_attention.workloads import TraceRequest, fixed_trace, synthetic_trace
 
-
-def seq(seq_id: int, prompt_len: int, max_tokens: int, arrival: float | None = None) -> Sequence:
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    return Sequence(
-        seq_id, str(seq_id), [1] * prompt_len, params, float(seq_id if arrival is None else arrival)
-    )
+from . import scripted
+from .scripted import seq
 
 
 def step(scheduler: Scheduler):
     """One step with a scripted model: each sampling sequence gets a token and ends at max_tokens."""
-    out = scheduler.schedule()
-    scheduler.after_step(out.scheduled)
-    for s in out.scheduled:
-        if s.samples:
-            s.seq.output_token_ids.append(7)
-            if len(s.seq.output_token_ids) >= s.seq.params.max_tokens:
-                s.seq.finish(FinishReason.LENGTH, 0.0)
-                scheduler.finish(s.seq)
-    return out
+    return scripted.step(scheduler, finish=True)
 
 
 def ids(out) -> list[tuple[int, int]]:

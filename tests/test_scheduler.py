@@ -3,27 +3,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paged_attention.cache_manager import PagedKVCacheManager
-from paged_attention.sampling import SamplingParams
 from paged_attention.scheduler import Scheduler
 from paged_attention.sequence import FinishReason, Sequence, SequenceStatus
 from paged_attention.simulate import run_trace
 from paged_attention.workloads import TraceRequest
 
-
-def seq(seq_id: int, prompt_len: int, max_tokens: int = 8, arrival: float | None = None) -> Sequence:
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    return Sequence(
-        seq_id, str(seq_id), [1] * prompt_len, params, float(seq_id if arrival is None else arrival)
-    )
-
-
-def step(scheduler: Scheduler):
-    out = scheduler.schedule()
-    scheduler.after_step(out.scheduled)
-    for s in out.scheduled:
-        if s.samples:
-            s.seq.output_token_ids.append(7)
-    return out
+from .scripted import seq, step
 
 
 def test_chunked_prefill_splits_a_long_prompt_under_the_token_budget():

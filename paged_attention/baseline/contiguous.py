@@ -62,6 +62,8 @@ class ContiguousKVCacheManager:
         self.placement_name = placement
         self.max_model_len = max_model_len
         self.placement = make_placement(placement, num_slots, max_model_len)
+        # The longest range an empty arena offers: a request whose footprint exceeds it never fits.
+        self._largest_range = max(length for _, length in self.placement.holes())
         self.reservations: dict[int, _Reservation] = {}
         self._admitting: dict[int, tuple[int, int]] = {}  # seq_id -> (slots, final_len), from can_admit
         self.blocked_need: int | None = None  # footprint of the request last turned away, if still waiting
@@ -83,8 +85,7 @@ class ContiguousKVCacheManager:
     def fits_at_all(self, seq: Sequence) -> bool:
         if seq.max_total_tokens > self.max_model_len:
             return False
-        fresh = make_placement(self.placement_name, self.num_slots, self.max_model_len)
-        return fresh.can_allocate(self._size(seq))
+        return self.placement.footprint(self._size(seq)) <= self._largest_range
 
     def can_admit(self, seq: Sequence, num_new_tokens: int) -> bool:
         size = self._size(seq)

@@ -137,7 +137,7 @@ def run(
 
 
 def figure(payload: dict) -> plots.Figure:
-    label = {**paper.LABELS}
+    label = paper.LABELS
     return plots.throughput_comparison(
         {label[c]: v for c, v in payload["tokens_per_s"].items()},
         {label[c]: (t["seconds"], t["batch"]) for c, t in payload["timeline"].items()},
