@@ -1,24 +1,41 @@
 """paged-attention: an educational reference implementation of PagedAttention (vLLM's KV-cache manager).
 
-``from paged_attention import LLM, SamplingParams`` is the vLLM-compatible offline API.
+``from paged_attention import LLM, SamplingParams`` is the vLLM-compatible offline API. The folders
+are the layers: ``memory`` (blocks, page tables, the cache manager), ``kernels`` (Triton and
+PyTorch attention), ``engine`` (scheduler, model runner, ``LLMEngine``, ``LLM``), and around them
+``baselines``, ``experiments``, ``viz`` and ``cli``.
 """
 
 from . import _triton_env  # noqa: F401  (must run before anything imports triton; see kernels/__init__.py)
 
 __version__ = "0.1.0"
 
+# Lazy: `import paged_attention` stays light (no transformers) for the allocator and kernels.
+_PUBLIC = {
+    "LLM": "llm",
+    "LLMEngine": "llm_engine",
+    "RequestOutput": "outputs",
+    "CompletionOutput": "outputs",
+    "SamplingParams": "sampling",
+    "BeamSearchParams": "sampling",
+    "RequestOutputKind": "sampling",
+}
+
 
 def __getattr__(name: str) -> object:
-    # Lazy: `import paged_attention` stays light (no transformers) for the allocator and kernels.
-    if name in ("LLM", "LLMEngine", "RequestOutput", "CompletionOutput"):
-        from . import engine
+    if name in _PUBLIC:
+        import importlib
 
-        return getattr(engine, name)
-    if name in ("SamplingParams", "BeamSearchParams"):
-        from . import sampling
-
-        return getattr(sampling, name)
+        return getattr(importlib.import_module(f".engine.{_PUBLIC[name]}", __name__), name)
     raise AttributeError(f"module 'paged_attention' has no attribute {name!r}")
 
 
-__all__ = ["LLM", "BeamSearchParams", "CompletionOutput", "LLMEngine", "RequestOutput", "SamplingParams"]
+__all__ = [
+    "LLM",
+    "BeamSearchParams",
+    "CompletionOutput",
+    "LLMEngine",
+    "RequestOutput",
+    "RequestOutputKind",
+    "SamplingParams",
+]

@@ -1,8 +1,8 @@
 """Scheduler tests without a model: sequences of given lengths, and a step that appends a dummy token."""
 
-from paged_attention.sampling import SamplingParams
-from paged_attention.scheduler import Scheduler, SchedulerOutput
-from paged_attention.sequence import FinishReason, Sequence
+from paged_attention.engine.sampling import SamplingParams
+from paged_attention.engine.scheduler import Scheduler, SchedulerOutput
+from paged_attention.engine.sequence import FinishReason, Sequence
 
 
 def seq(seq_id: int, prompt_len: int, max_tokens: int = 8, arrival: float | None = None) -> Sequence:

@@ -1,6 +1,6 @@
 import pytest
 
-from paged_attention.allocator import BlockAllocator, FreeBlockQueue, KVCacheBlock, NoFreeBlocksError
+from paged_attention.memory.allocator import BlockAllocator, FreeBlockQueue, KVCacheBlock, NoFreeBlocksError
 
 
 def test_allocate_takes_blocks_in_free_queue_order_and_free_appends():

@@ -2,11 +2,11 @@ import json
 
 import pytest
 
-from paged_attention.__main__ import main
-from paged_attention.allocator import BlockAllocator
-from paged_attention.figures import notebook_paths
-from paged_attention.memory_map import format_memory_map
-from paged_attention.page_table import PageTable
+from paged_attention.cli.figures import notebook_paths
+from paged_attention.cli.main import main
+from paged_attention.memory.allocator import BlockAllocator
+from paged_attention.memory.page_table import PageTable
+from paged_attention.viz.memory_map import format_memory_map
 
 
 def test_walkthrough_shows_fork_copy_on_write_and_frees_everything(capsys):

@@ -9,11 +9,12 @@ import random
 import pytest
 import torch
 
-from paged_attention.baseline import ContiguousKVCacheManager
-from paged_attention.cache_manager import PagedKVCacheManager
-from paged_attention.engine import LLMEngine
-from paged_attention.models import DEFAULT_MODEL_NAME, load_model
-from paged_attention.sampling import SamplingParams
+from paged_attention.baselines import ContiguousKVCacheManager
+from paged_attention.baselines.engines import baseline_engine
+from paged_attention.engine.models import DEFAULT_MODEL_NAME, load_model
+from paged_attention.engine.sampling import SamplingParams
+from paged_attention.memory.paged_manager import PagedKVCacheManager
+from tests.streaming import finished_only
 
 NUM_KV_BLOCKS = 48  # 768 slots: three 256-slot Max reservations at a time, so requests queue
 MAX_MODEL_LEN = 256
@@ -46,13 +47,13 @@ def model_and_tokenizer():
     torch.set_num_threads(threads)
 
 
-def make_engine(model_and_tokenizer, **kwargs) -> LLMEngine:
+def make_engine(model_and_tokenizer, **kwargs):
     model, tokenizer = model_and_tokenizer
     settings = dict(num_kv_blocks=NUM_KV_BLOCKS, block_size=16, max_model_len=MAX_MODEL_LEN) | kwargs
-    return LLMEngine(model, tokenizer, **settings)
+    return baseline_engine(model, tokenizer, **settings)
 
 
-def serve(engine: LLMEngine) -> tuple[dict[str, list[int]], list[int]]:
+def serve(engine) -> tuple[dict[str, list[int]], list[int]]:
     """All requests at once; returns the outputs by request id and the batch size of every step."""
     for i, (prompt, max_tokens) in enumerate(REQUESTS):
         engine.add_request(
@@ -60,7 +61,7 @@ def serve(engine: LLMEngine) -> tuple[dict[str, list[int]], list[int]]:
         )
     outputs, batch_sizes = {}, []
     while engine.has_unfinished_requests():
-        for out in engine.step():
+        for out in finished_only(engine.step()):
             outputs[out.request_id] = out.outputs[0].token_ids
             assert out.outputs[0].finish_reason == "length"
         batch_sizes.append(engine.last_step.num_scheduled_seqs)
@@ -103,7 +104,7 @@ def test_every_slot_is_free_afterwards_and_nothing_was_preempted(served):
     for name, (engine, _, _) in served.items():
         manager = engine.cache_manager
         assert manager.num_free_blocks == manager.num_blocks, name
-        assert not engine.requests and not engine.scheduler.running and not engine.scheduler.waiting
+        assert not engine.request_ids and not engine.scheduler.running and not engine.scheduler.waiting
         if isinstance(manager, ContiguousKVCacheManager):
             assert not manager.reservations and engine.scheduler.num_preemptions == 0
             assert manager.memory_report().free_slots == manager.num_slots
@@ -128,15 +129,15 @@ def test_an_unknown_kv_manager_is_rejected(model_and_tokenizer):
 def test_a_request_that_cannot_fit_the_contiguous_arena_is_rejected_when_added(model_and_tokenizer):
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     tight = make_engine(model_and_tokenizer, kv_manager="max", num_kv_blocks=8)  # 128 slots < 256
-    with pytest.raises(ValueError, match="as one contiguous range"):
+    with pytest.raises(ValueError, match=r"the .max. policy reserves 256 slots for it .* the longest contiguous range of the arena holds 128"):
         tight.add_request("a", [5, 6, 7], params)
-    assert not tight.has_unfinished_requests() and not tight.requests
+    assert not tight.has_unfinished_requests() and not tight.request_ids
     oracle = make_engine(model_and_tokenizer, kv_manager="oracle", placement="first-fit", num_kv_blocks=4)
-    with pytest.raises(ValueError, match="needs up to 65 tokens of KV cache"):
+    with pytest.raises(ValueError, match=r"the .oracle. policy reserves 65 slots"):
         oracle.add_request("b", list(range(3, 64)), params)  # 61 + 4 > 64 slots
     oracle.add_request("c", list(range(3, 63)), params)  # 60 + 4 == 64: exactly fits
     outputs = []
     while oracle.has_unfinished_requests():
-        outputs += oracle.step()
+        outputs += finished_only(oracle.step())
     assert [o.request_id for o in outputs] == ["c"] and len(outputs[0].outputs[0].token_ids) == 4
     assert oracle.cache_manager.num_free_blocks == 64

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import GPT2Config
 
-from paged_attention.cost_model import (
+from paged_attention.experiments.cost_model import (
     GPUS,
     MODEL_CONFIGS,
     PAPER_KV_BYTES,

@@ -13,9 +13,11 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from paged_attention.engine import LLM, LLMEngine
-from paged_attention.models import DEFAULT_MODEL_NAME, load_model, load_tokenizer
-from paged_attention.sampling import SamplingParams
+from paged_attention.engine.llm import LLM
+from paged_attention.engine.llm_engine import LLMEngine
+from paged_attention.engine.models import DEFAULT_MODEL_NAME, load_model, load_tokenizer
+from paged_attention.engine.sampling import SamplingParams
+from tests.streaming import finished_only
 
 PROMPTS = [[5], [17, 99, 4, 250, 31], list(range(40, 57)), [7, 300, 12] * 13]  # 1, 5, 17, 39 tokens
 
@@ -115,7 +117,7 @@ def _serve_with_arrivals(
             _, prompt, max_tokens = requests[index]
             params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
             engine.add_request(str(index), prompt, params)
-        for out in engine.step():
+        for out in finished_only(engine.step()):
             results[out.request_id] = out.outputs[0].token_ids
         step += 1
     return results
@@ -135,7 +137,7 @@ def test_soak_500_requests_tight_memory_both_preemption_modes_match_unlimited_me
         )
         assert _serve_with_arrivals(engine, requests) == reference
         assert engine.scheduler.num_preemptions > 50
-        assert engine.cache_manager.num_free_blocks == 12 and not engine.cache_manager.tables
+        assert engine.cache_manager.num_free_blocks == 12 and not engine.cache_manager.page_tables
         if mode == "swap":
             assert (
                 engine.cache_manager.cpu_allocator.num_free_blocks
@@ -236,13 +238,13 @@ def test_bad_requests_are_rejected_and_the_engine_keeps_serving(
         engine.add_request("bad", prompt, params)
     finished = []
     while engine.has_unfinished_requests():
-        finished += engine.step()
+        finished += finished_only(engine.step())
     assert [o.request_id for o in finished] == ["good"] and len(finished[0].outputs[0].token_ids) == 3
 
 
 def test_a_request_bigger_than_the_whole_cache_is_rejected(models, tokenizer):
     llm = LLM(models["llama"], tokenizer=tokenizer, block_size=4, num_kv_blocks=4)  # 16 slots
-    with pytest.raises(ValueError, match=r"prompt 1: .*the cache holds 16"):
+    with pytest.raises(ValueError, match=r"prompt 1: .*18 tokens of KV cache .* 5 blocks of 4, but the cache has 4 blocks"):
         llm.generate([[1, 2], [1] * 10], SamplingParams(max_tokens=8), use_tqdm=False)
     assert not llm.llm_engine.has_unfinished_requests()  # the batch is all-or-nothing
     assert llm.generate([[1, 2]], SamplingParams(max_tokens=4), use_tqdm=False)[0].outputs[0].token_ids
@@ -271,7 +273,7 @@ def test_sampling_params_are_validated(kwargs, error, message):
 
 
 def test_top_k_minus_one_and_zero_mean_all_tokens():
-    from paged_attention.sampling import Sampler
+    from paged_attention.engine.sampling import Sampler
 
     logits = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
     for top_k in (-1, 0):
@@ -309,7 +311,7 @@ def test_abort_frees_everything(models, tokenizer):
     engine.abort_request("a")
     finished = []
     while engine.has_unfinished_requests():
-        finished += engine.step()
+        finished += finished_only(engine.step())
     assert [o.request_id for o in finished] == ["b"]
     assert engine.cache_manager.num_free_blocks == 64
     with pytest.raises(ValueError, match="no request with id"):
@@ -317,7 +319,7 @@ def test_abort_frees_everything(models, tokenizer):
 
 
 def test_sampling_filters_follow_vllm_order_min_p_then_top_k_then_top_p():
-    from paged_attention.sampling import Sampler
+    from paged_attention.engine.sampling import Sampler
 
     logits = torch.tensor([[0.5, 0.3, 0.1, 0.1]]).log()
     keep = Sampler._probabilities(logits, [SamplingParams(top_p=0.6, min_p=0.3)])[0] > 0
@@ -335,12 +337,12 @@ def test_abort_forgets_the_request_and_its_id_can_be_reused(models, tokenizer):
     engine = LLMEngine(models["llama"], tokenizer, block_size=4, num_kv_blocks=64)
     engine.add_request("a", PROMPTS[1], SamplingParams(max_tokens=5))
     engine.abort_request("a")
-    assert "a" not in engine.requests and not engine.has_unfinished_requests()
+    assert "a" not in engine.request_ids and not engine.has_unfinished_requests()
     engine.add_request("a", PROMPTS[1], SamplingParams(max_tokens=2, ignore_eos=True))
     finished = []
     while engine.has_unfinished_requests():
-        finished += engine.step()
-    assert [o.request_id for o in finished] == ["a"] and not engine.requests
+        finished += finished_only(engine.step())
+    assert [o.request_id for o in finished] == ["a"] and not engine.request_ids
 
 
 def test_swap_mode_never_reports_a_false_stall(models, tokenizer):
@@ -362,7 +364,7 @@ def test_swap_mode_never_reports_a_false_stall(models, tokenizer):
             arrival, prompt_len, n = pending.pop(0)
             params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
             engine.add_request(None, [7 + i for i in range(prompt_len)], params, arrival_time=float(arrival))
-        done += len(engine.step())
+        done += len(finished_only(engine.step()))
         step += 1
     assert done == 7 and engine.cache_manager.num_free_blocks == 4
 

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from paged_attention import paper
-from paged_attention.__main__ import main
-from paged_attention.cost_model import CostModel
-from paged_attention.experiments import figure2_stack, serve, sustainable_rate
-from paged_attention.workloads import synthetic_trace
+from paged_attention.cli.main import main
+from paged_attention.experiments import paper
+from paged_attention.experiments.cost_model import CostModel
+from paged_attention.experiments.serve import figure2_stack, serve, sustainable_rate
+from paged_attention.experiments.traces import synthetic_trace
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,9 @@ import pytest
 import torch
 from transformers import GPT2Config, LlamaConfig, OPTConfig
 
-from paged_attention.kv_cache import KVCache, KVCacheSpec, kv_bytes_per_token, store_kv
-from paged_attention.page_table import BlockCopy
+from paged_attention.kernels.reference import store_kv
+from paged_attention.memory.kv_cache import KVCache, KVCacheSpec, kv_bytes_per_token
+from paged_attention.memory.page_table import BlockCopy
 
 KiB = 1024
 

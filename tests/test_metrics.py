@@ -1,8 +1,8 @@
 import pytest
 
-from paged_attention.allocator import BlockAllocator
-from paged_attention.metrics import MemoryReport, max_reservation_breakdown, paged_memory_report
-from paged_attention.page_table import PageTable
+from paged_attention.memory.accounting import MemoryReport, max_reservation_breakdown, paged_memory_report
+from paged_attention.memory.allocator import BlockAllocator
+from paged_attention.memory.page_table import PageTable
 
 
 def test_paged_report_counts_tokens_unfilled_tail_and_free():

@@ -1,4 +1,4 @@
-"""The embedded default model and offline loading (paged_attention/models.py).
+"""The embedded default model and offline loading (engine/embedded.py, engine/models.py).
 
 Every test points ``PAGED_ATTENTION_CACHE`` at a temporary folder, so the user's own cache is never
 read or written. One build is shared by the module; tests of building and rebuilding make their own.
@@ -14,15 +14,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
-from paged_attention import models
-from paged_attention.models import (
-    DEFAULT_MODEL_NAME,
-    cache_dir,
-    default_model_path,
-    load_model,
-    load_tokenizer,
-    resolve_dtype,
-)
+from paged_attention.engine import embedded
+from paged_attention.engine.embedded import DEFAULT_MODEL_NAME, cache_dir, default_model_path
+from paged_attention.engine.models import load_model, load_tokenizer, resolve_dtype
 
 ENV = "PAGED_ATTENTION_CACHE"
 PROMPTS = [
@@ -61,13 +55,13 @@ def fresh_cache(tmp_path, monkeypatch) -> Path:
 def build_counter(monkeypatch) -> list[Path]:
     """Record every build (the folder it wrote into)."""
     calls: list[Path] = []
-    real = models._build_into
+    real = embedded._build_into
 
     def counting(folder: Path) -> None:
         calls.append(folder)
         real(folder)
 
-    monkeypatch.setattr(models, "_build_into", counting)
+    monkeypatch.setattr(embedded, "_build_into", counting)
     return calls
 
 
@@ -124,7 +118,7 @@ def test_builds_once_then_reuses(fresh_cache, build_counter):
     assert (path / "BUILD_INFO.json").stat().st_mtime_ns == stamp
     assert [p.name for p in fresh_cache.iterdir()] == ["tiny-llama"]  # no temporary folders left
     info = json.loads((path / "BUILD_INFO.json").read_text())
-    assert info["version"] == models._BUILD_VERSION
+    assert info["version"] == embedded._BUILD_VERSION
     assert info["parameters"] == 2_492_672
 
 
@@ -134,9 +128,9 @@ def test_rebuilds_when_the_recipe_version_differs(fresh_cache, build_counter, mo
     info.write_text(json.dumps({"version": "stale"}))
     assert default_model_path() == path
     assert len(build_counter) == 2
-    assert json.loads(info.read_text())["version"] == models._BUILD_VERSION
+    assert json.loads(info.read_text())["version"] == embedded._BUILD_VERSION
 
-    monkeypatch.setattr(models, "_BUILD_VERSION", "a newer recipe")
+    monkeypatch.setattr(embedded, "_BUILD_VERSION", "a newer recipe")
     default_model_path()
     assert len(build_counter) == 3
     assert json.loads(info.read_text())["version"] == "a newer recipe"
@@ -146,7 +140,7 @@ def test_rebuilds_when_the_recipe_version_differs(fresh_cache, build_counter, mo
 
     # Built by another major version of transformers (another environment sharing the cache).
     stamp = json.loads(info.read_text())
-    stamp["built_with"]["transformers"] = "4.57.0" if models._transformers_major() != "4" else "5.0.0"
+    stamp["built_with"]["transformers"] = "4.57.0" if embedded._transformers_major() != "4" else "5.0.0"
     info.write_text(json.dumps(stamp))
     default_model_path()
     assert len(build_counter) == 5
@@ -154,23 +148,23 @@ def test_rebuilds_when_the_recipe_version_differs(fresh_cache, build_counter, mo
 
 
 def test_an_interrupted_build_leaves_no_half_written_folder(fresh_cache, monkeypatch):
-    real = models._build_into
+    real = embedded._build_into
 
     def dies_halfway(folder: Path) -> None:
         (folder / "config.json").write_text("{}")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(models, "_build_into", dies_halfway)
+    monkeypatch.setattr(embedded, "_build_into", dies_halfway)
     with pytest.raises(KeyboardInterrupt):
         default_model_path()
     assert list(fresh_cache.iterdir()) == []
-    monkeypatch.setattr(models, "_build_into", real)
+    monkeypatch.setattr(embedded, "_build_into", real)
     assert (default_model_path() / "BUILD_INFO.json").is_file()
 
 
 def test_a_concurrent_build_that_finishes_first_wins(fresh_cache, monkeypatch):
     """Another process renames its folder into place while we build: we keep theirs, drop ours."""
-    real = models._build_into
+    real = embedded._build_into
     target = fresh_cache / "tiny-llama"
 
     def racing(folder: Path) -> None:
@@ -180,19 +174,19 @@ def test_a_concurrent_build_that_finishes_first_wins(fresh_cache, monkeypatch):
         other.rename(target)
         real(folder)
 
-    monkeypatch.setattr(models, "_build_into", racing)
+    monkeypatch.setattr(embedded, "_build_into", racing)
     path = default_model_path()
     stamp_before = (path / "BUILD_INFO.json").stat().st_mtime_ns
-    assert path == target and models._built_version(path) == models._BUILD_VERSION
+    assert path == target and embedded._built_version(path) == embedded._BUILD_VERSION
     assert [p.name for p in fresh_cache.iterdir()] == ["tiny-llama"]
-    monkeypatch.setattr(models, "_build_into", real)
+    monkeypatch.setattr(embedded, "_build_into", real)
     assert (default_model_path() / "BUILD_INFO.json").stat().st_mtime_ns == stamp_before
 
 
 def test_the_build_is_deterministic(cache, tmp_path):
     again = tmp_path / "again"
     again.mkdir()
-    models._build_into(again)
+    embedded._build_into(again)
     first = cache / "tiny-llama"
     for name in ["model.safetensors", "tokenizer.json", "config.json"]:
         assert (again / name).read_bytes() == (first / name).read_bytes(), name

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import paged_attention.allocator
+import paged_attention.memory.allocator
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,5 +51,5 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_docstring_examples_run():
-    result = doctest.testmod(paged_attention.allocator)
+    result = doctest.testmod(paged_attention.memory.allocator)
     assert result.attempted > 0 and result.failed == 0

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from paged_attention.allocator import BlockAllocator, NoFreeBlocksError
-from paged_attention.page_table import (
+from paged_attention.memory.allocator import BlockAllocator, NoFreeBlocksError
+from paged_attention.memory.page_table import (
     AppendResult,
     BlockCopy,
     PageTable,

@@ -16,17 +16,17 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from paged_attention.allocator import NoFreeBlocksError
-from paged_attention.cache_manager import PagedKVCacheManager
-from paged_attention.kv_cache import KVCache, KVCacheSpec
-from paged_attention.prefix_cache import (
+from paged_attention.engine.sampling import SamplingParams
+from paged_attention.engine.sequence import Sequence
+from paged_attention.memory.allocator import NoFreeBlocksError
+from paged_attention.memory.kv_cache import KVCache, KVCacheSpec
+from paged_attention.memory.paged_manager import PagedKVCacheManager
+from paged_attention.memory.prefix_cache import (
     PrefixCacheStats,
     PrefixCachingBlockAllocator,
     extend_block_hashes,
     hash_block_tokens,
 )
-from paged_attention.sampling import SamplingParams
-from paged_attention.sequence import Sequence
 
 tokens_st = st.lists(st.integers(0, 5), max_size=40)
 
@@ -321,7 +321,7 @@ class PrefixCachedMemoryMachine(RuleBasedStateMachine):
             self.live[s.seq_id] = s
         else:
             s.num_computed_tokens = 0
-            assert s.seq_id not in self.cache.tables
+            assert s.seq_id not in self.cache.page_tables
 
     @precondition(lambda self: self.live)
     @rule(data=st.data(), n=st.integers(1, 3))
@@ -357,7 +357,7 @@ class PrefixCachedMemoryMachine(RuleBasedStateMachine):
     def every_sequence_reads_what_its_tokens_would_compute(self):
         keys = self.kv.key_cache(0).reshape(-1)
         for s in self.live.values():
-            table = self.cache.tables[s.seq_id]
+            table = self.cache.page_tables[s.seq_id]
             assert table.num_tokens == s.num_computed_tokens == s.num_tokens
             slots = [table.slot(p) for p in range(s.num_tokens)]
             assert keys[slots].tolist() == [self.value(s.tokens, p) for p in range(s.num_tokens)]
@@ -365,7 +365,7 @@ class PrefixCachedMemoryMachine(RuleBasedStateMachine):
     @invariant()
     def ref_counts_the_map_and_the_free_queue_agree(self):
         alloc = self.cache.allocator
-        holders = Counter(b for t in self.cache.tables.values() for b in t.block_ids)
+        holders = Counter(b for t in self.cache.page_tables.values() for b in t.block_ids)
         assert all(alloc.ref_count(b) == holders[b] for b in range(self.NUM_BLOCKS))
         assert sorted(alloc.free_block_ids()) == [b for b in range(self.NUM_BLOCKS) if not holders[b]]
         assert all(alloc.block_hashes[b] == h for h, b in alloc.cached_blocks.items())
@@ -376,7 +376,7 @@ class PrefixCachedMemoryMachine(RuleBasedStateMachine):
         for seq_id in list(self.live):
             self.cache.free(seq_id)
         assert self.cache.num_free_blocks == self.NUM_BLOCKS
-        assert not self.cache.tables and not self.cache.num_hashed_blocks
+        assert not self.cache.page_tables
 
 
 TestPrefixCachedMemory = PrefixCachedMemoryMachine.TestCase

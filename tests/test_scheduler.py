@@ -2,11 +2,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged_attention.cache_manager import PagedKVCacheManager
-from paged_attention.scheduler import Scheduler
-from paged_attention.sequence import FinishReason, Sequence, SequenceStatus
-from paged_attention.simulate import run_trace
-from paged_attention.workloads import TraceRequest
+from paged_attention.engine.scheduler import Scheduler
+from paged_attention.engine.sequence import FinishReason, Sequence, SequenceStatus
+from paged_attention.experiments.replay import run_trace
+from paged_attention.experiments.traces import TraceRequest
+from paged_attention.memory.paged_manager import PagedKVCacheManager
 
 from .scripted import seq, step
 
@@ -98,7 +98,7 @@ def test_a_request_that_can_never_fit_is_rejected_when_added():
         (dict(max_num_seqs=0), "max_num_seqs must be a positive int"),
         (dict(max_num_batched_tokens=0), "max_num_batched_tokens"),
         (dict(preemption_mode="drop"), "preemption_mode must be one of"),
-        (dict(preemption_mode="swap"), "needs a paged cache manager with CPU blocks"),
+        (dict(preemption_mode="swap"), "needs a cache manager with CPU blocks"),
     ],
 )
 def test_bad_scheduler_settings(kwargs, message):
@@ -127,7 +127,7 @@ def test_every_request_finishes_and_every_block_comes_back(trace, num_blocks, bu
         trace, cache, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, preemption_mode=mode
     )
     assert sorted(result.finish_step) == list(range(len(trace)))
-    assert cache.num_free_blocks == num_blocks and not cache.tables and not cache.swapped
+    assert cache.num_free_blocks == num_blocks and not cache.page_tables and not cache.num_swapped
     assert all(s.num_scheduled_tokens <= budget and s.num_running <= max_num_seqs for s in result.steps)
 
 

@@ -11,9 +11,12 @@ from collections import Counter
 import pytest
 import torch
 
-from paged_attention.engine import LLM, LLMEngine
-from paged_attention.models import DEFAULT_MODEL_NAME, load_model, load_tokenizer
-from paged_attention.sampling import BeamSearchParams, SamplingParams
+from paged_attention.baselines.engines import contiguous_cache
+from paged_attention.engine.llm import LLM
+from paged_attention.engine.llm_engine import LLMEngine
+from paged_attention.engine.models import DEFAULT_MODEL_NAME, load_model, load_tokenizer
+from paged_attention.engine.sampling import BeamSearchParams, SamplingParams
+from tests.streaming import finished_only
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +60,7 @@ def serve(engine: LLMEngine, trace) -> tuple[dict[str, list[int]], int]:
             index = pending.pop(0)
             _, prompt, max_tokens = trace[index]
             engine.add_request(str(index), prompt, SamplingParams(temperature=0, max_tokens=max_tokens))
-        for out in engine.step():
+        for out in finished_only(engine.step()):
             results[out.request_id] = out.outputs[0].token_ids
         computed += engine.last_step.num_scheduled_tokens
         step += 1
@@ -80,7 +83,7 @@ def test_prefix_caching_changes_no_greedy_token_on_a_trace_where_80_percent_shar
     assert computed_on < 0.45 * computed_off
     assert engines[True].scheduler.num_preemptions > 0
     for engine in engines.values():
-        assert engine.cache_manager.num_free_blocks == 60 and not engine.cache_manager.tables
+        assert engine.cache_manager.num_free_blocks == 60 and not engine.cache_manager.page_tables
 
 
 def test_a_cache_salt_keeps_requests_apart(model, tokenizer):
@@ -183,7 +186,7 @@ def test_beam_search_returns_transformers_beams_for_every_length_penalty(k, mode
     )
     frequent = Counter(t for out in greedy for t in out.outputs[0].token_ids).most_common(1)[0][0]
     eos = {1, frequent}
-    llm.llm_engine.eos_token_ids = set(eos)
+    llm.llm_engine.stop_checker.eos_token_ids = frozenset(eos)
     reasons = Counter()
     for length_penalty in (1.0, 0.0, 2.0):
         params = BeamSearchParams(beam_width=k, max_tokens=16, length_penalty=length_penalty)
@@ -228,8 +231,8 @@ def test_beams_fork_and_free_page_tables_and_survive_memory_pressure(model, toke
         assert [s.tokens for s in a.sequences] == [s.tokens for s in b.sequences]
     assert engine.scheduler.num_preemptions > 5
     assert engine.cache_manager.prefix_cache_stats.preempted_hits > 0  # recomputed beams reuse blocks
-    assert engine.cache_manager.num_free_blocks == 52 and not engine.cache_manager.tables
-    assert not engine.requests and not engine.beam_requests
+    assert engine.cache_manager.num_free_blocks == 52 and not engine.cache_manager.page_tables
+    assert not engine.request_ids
 
 
 def test_beams_share_blocks_while_they_run(model, tokenizer):
@@ -248,9 +251,9 @@ def test_aborting_a_beam_search_frees_every_beam(model, tokenizer):
     engine.add_request("b", PROMPTS[1], BeamSearchParams(beam_width=3, max_tokens=10))
     for _ in range(4):
         engine.step()
-    assert len(engine.requests["b"].seqs) == 3
+    assert len(engine.sequences("b")) == 3
     engine.abort_request("b")
-    assert engine.cache_manager.num_free_blocks == 100 and not engine.beam_requests
+    assert engine.cache_manager.num_free_blocks == 100 and not engine.request_ids
     assert not engine.has_unfinished_requests()
 
 
@@ -278,12 +281,18 @@ def test_beam_search_params_and_requests_are_checked(model, tokenizer):
 def test_a_contiguous_cache_serves_n_samples_unshared_with_the_same_tokens(model64, tokenizer):
     params = SamplingParams(n=3, seed=4, temperature=0.8, max_tokens=10, ignore_eos=True)
     paged = LLM(model64, tokenizer=tokenizer, num_kv_blocks=100, block_size=8)
-    contiguous = LLM(model64, tokenizer=tokenizer, num_kv_blocks=100, block_size=8, kv_manager="oracle")
-    assert not contiguous.llm_engine.can_fork
+    contiguous = LLM(
+        model64,
+        tokenizer=tokenizer,
+        num_kv_blocks=100,
+        block_size=8,
+        cache_manager=contiguous_cache("oracle"),
+    )
+    assert not contiguous.llm_engine.cache_manager.supports_fork
     shared = paged.generate([5, 6, 7, 8], params, use_tqdm=False)[0]
     unshared = contiguous.generate([5, 6, 7, 8], params, use_tqdm=False)[0]
     assert [o.token_ids for o in shared.outputs] == [o.token_ids for o in unshared.outputs]
-    with pytest.raises(ValueError, match="paged KV cache manager"):
+    with pytest.raises(ValueError, match="a cache manager that can fork"):
         contiguous.beam_search([[5, 6]], BeamSearchParams(beam_width=2, max_tokens=3))
     assert contiguous.reset_prefix_cache() and not contiguous.llm_engine.has_unfinished_requests()
 
@@ -327,10 +336,10 @@ def test_random_mix_of_samples_beams_shared_prefixes_and_aborts_loses_nothing(mo
             while pending and requests[pending[0]][0] <= step:
                 i = pending.pop(0)
                 engine.add_request(str(i), requests[i][1], requests[i][2])
-            for out in engine.step():
+            for out in finished_only(engine.step()):
                 outputs[out.request_id] = [o.token_ids for o in out.outputs]
             for i, (arrival, _, _, abort) in enumerate(requests):
-                if abort and step == arrival + 3 and str(i) in engine.requests:
+                if abort and step == arrival + 3 and str(i) in engine.request_ids:
                     engine.abort_request(str(i))
             step += 1
         return outputs
@@ -344,8 +353,8 @@ def test_random_mix_of_samples_beams_shared_prefixes_and_aborts_loses_nothing(mo
     assert kept <= set(tight)
     assert engine.scheduler.num_preemptions > 0
     cache = engine.cache_manager
-    assert cache.num_free_blocks == 40 and not cache.tables and not cache.swapped
-    assert not engine.requests and not engine.beam_requests and not engine.scheduler.has_unfinished()
+    assert cache.num_free_blocks == 40 and not cache.page_tables and not cache.num_swapped
+    assert not engine.request_ids and not engine.scheduler.has_unfinished()
     if cache.cpu_allocator is not None:
         assert cache.cpu_allocator.num_free_blocks == cache.cpu_allocator.num_blocks
 

@@ -9,10 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged_attention.cache_manager import PagedKVCacheManager
-from paged_attention.paper import KV_SLOTS, MAX_MODEL_LEN, cost_model, make_manager
-from paged_attention.simulate import StepRecord, TraceResult, cost_model_step_time, run_trace
-from paged_attention.workloads import (
+from paged_attention.experiments.paper import KV_SLOTS, MAX_MODEL_LEN, cost_model, make_manager
+from paged_attention.experiments.replay import StepRecord, TraceResult, cost_model_step_time, run_trace
+from paged_attention.experiments.traces import (
     ALPACA,
     SHAREGPT,
     SHAREGPT_OUTPUT_SIGMA,
@@ -24,6 +23,7 @@ from paged_attention.workloads import (
     synthetic_trace,
     uniform_trace,
 )
+from paged_attention.memory.paged_manager import PagedKVCacheManager
 
 
 # -- trace shapes -----------------------------------------------------------------------------------

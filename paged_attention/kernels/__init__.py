@@ -22,7 +22,6 @@ from typing import Literal
 import torch
 
 from .._triton_env import triton_interpreted
-from ..kv_cache import store_kv as _torch_store_kv
 from . import reference
 
 Backend = Literal["auto", "triton", "torch"]
@@ -44,7 +43,11 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 
 
 def _triton() -> tuple[ModuleType, ModuleType, ModuleType]:
-    from . import decode, prefill, store  # imported late: after TRITON_INTERPRET is settled
+    from . import (
+        decode,  # imported late: after TRITON_INTERPRET is settled
+        prefill,  # imported late: after TRITON_INTERPRET is settled
+        store,  # imported late: after TRITON_INTERPRET is settled
+    )
 
     return decode, prefill, store
 
@@ -97,7 +100,7 @@ def store_kv(
 ) -> None:
     """Write ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` into their slots (``-1``: skip)."""
     if resolve_backend(backend, key.device) == "torch":
-        _torch_store_kv(key, value, key_cache, value_cache, slot_mapping)
+        reference.store_kv(key, value, key_cache, value_cache, slot_mapping)
     else:
         _triton()[2].store_kv(key, value, key_cache, value_cache, slot_mapping)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .validation import check_cache, check_query_start_loc, check_tables, default_scale
+from .validation import check_cache, check_query_start_loc, check_store_args, check_tables, default_scale
 
 
 def gather_kv(
@@ -199,3 +199,26 @@ def paged_prefill(
             query.dtype
         )
     return out
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Scatter ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` into their cache slots.
+
+    Pure PyTorch, in place. ``slot_mapping`` is int64 ``[num_tokens]``; a slot of ``-1`` means
+    "do not store this token" (vLLM uses it for padding). The cache is viewed as
+    ``[num_blocks * block_size, num_kv_heads, head_dim]``, one row per slot.
+    """
+    check_store_args(key, value, key_cache, value_cache, slot_mapping)
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    num_slots = key_cache.shape[0] * key_cache.shape[1]
+    flat_k = key_cache.view(num_slots, *key_cache.shape[2:])
+    flat_v = value_cache.view(num_slots, *value_cache.shape[2:])
+    flat_k[slots] = key[keep].to(key_cache.dtype)
+    flat_v[slots] = value[keep].to(value_cache.dtype)

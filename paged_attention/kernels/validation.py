@@ -138,3 +138,44 @@ def check_query_start_loc(
 
 def default_scale(head_dim: int, scale: float | None) -> float:
     return head_dim**-0.5 if scale is None else float(scale)
+
+
+def check_store_args(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """New tokens ``[num_tokens, num_kv_heads, head_dim]`` against NHD caches and an int64 slot
+    mapping whose entries are slots of the cache or ``-1`` (skip)."""
+    if key.dim() != 3 or key.shape != value.shape:
+        raise ValueError(
+            "key and value must both be [num_tokens, num_kv_heads, head_dim], "
+            f"got {tuple(key.shape)} and {tuple(value.shape)}"
+        )
+    if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
+        raise ValueError(
+            "key_cache and value_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], "
+            f"got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
+        )
+    if key.shape[1:] != key_cache.shape[2:]:
+        raise ValueError(
+            f"key is {tuple(key.shape)} but the cache holds "
+            f"(num_kv_heads, head_dim)={tuple(key_cache.shape[2:])}"
+        )
+    if slot_mapping.dtype != torch.int64 or slot_mapping.shape != (key.shape[0],):
+        raise ValueError(
+            f"slot_mapping must be int64 [num_tokens={key.shape[0]}], "
+            f"got {slot_mapping.dtype} {tuple(slot_mapping.shape)}"
+        )
+    if not key.device == value.device == key_cache.device == value_cache.device == slot_mapping.device:
+        raise ValueError("key, value, the caches and slot_mapping must all be on one device")
+    if slot_mapping.numel():
+        num_slots = key_cache.shape[0] * key_cache.shape[1]
+        low, high = int(slot_mapping.min()), int(slot_mapping.max())
+        if low < -1 or high >= num_slots:
+            bad = low if low < -1 else high
+            raise ValueError(
+                f"slot_mapping holds slot {bad}: slots are 0..{num_slots - 1}, or -1 to skip a token"
+            )

@@ -1,0 +1,86 @@
+"""``python -m paged_attention bench latency``: latency against load (the paper's Figure 12).
+
+For each request rate, a ShareGPT-like trace with Poisson arrivals is served by each manager with
+OPT-13B/A100 step times, and the mean *normalized latency* (end-to-end seconds divided by output
+tokens) is recorded. Each curve is flat until the manager's memory fills, then climbs steeply as
+requests queue. The rate at which a curve crosses a latency threshold is the rate the system
+sustains; the paper reports paging sustaining 1.7-2.7x the rate of Orca (Oracle) and 2.7-8x that of
+Orca (Max) on ShareGPT. Writes ``figures/latency.{png,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from ... import viz
+from ...experiments import paper
+from ...experiments.serve import serve, sustainable_rate
+from ...experiments.traces import synthetic_trace
+from ._progress import progress as bar
+from ._results import table, write_results
+
+RATES = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.25, 2.5)
+THRESHOLD = 0.1  # s/token: about 2.5x the unloaded normalized latency of this setup
+
+
+def run(
+    num_requests: int = 600,
+    rates: tuple[float, ...] = RATES,
+    threshold: float = THRESHOLD,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict:
+    """Normalized latency per manager and rate, the sustained rates, and paging's ratios over each."""
+    latencies: dict[str, list[float]] = {m: [] for m in paper.MANAGERS}
+    for rate, manager in bar([(r, m) for r in rates for m in paper.MANAGERS], progress, "latency"):
+        trace = synthetic_trace("sharegpt", num_requests, rate, seed)
+        latencies[manager].append(serve(trace, manager, report_every=0).normalized_latency)
+    sustained = {m: sustainable_rate(rates, latencies[m], threshold) for m in paper.MANAGERS}
+    return {
+        "setup": {"num_requests": num_requests, "seed": seed, "threshold_s_per_token": threshold},
+        "rates": list(rates),
+        "normalized_latency": latencies,
+        "sustained_rate": sustained,
+        "paged_over": {
+            m: sustained["paged"] / sustained[m] for m in ("max", "pow2", "oracle") if sustained[m]
+        },
+        "paper_paged_over": {m: list(v) for m, v in paper.FIG12_SHAREGPT.items()},
+    }
+
+
+def figure(payload: dict) -> Figure:
+    return viz.paper.latency_vs_rate(
+        payload["rates"],
+        {paper.LABELS[m]: v for m, v in payload["normalized_latency"].items()},
+        threshold=payload["setup"]["threshold_s_per_token"],
+        title="Normalized latency against request rate (ShareGPT-like, OPT-13B on A100 by cost model)",
+    )
+
+
+def main(args: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m paged_attention bench latency", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--requests", type=int, default=600, help="requests per rate")
+    parser.add_argument("--threshold", type=float, default=THRESHOLD, help="s/token that counts as sustained")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--out", type=Path, default=None, help="folder for latency.{png,json} (default figures/)"
+    )
+    opts = parser.parse_args(args)
+    payload = run(opts.requests, threshold=opts.threshold, seed=opts.seed, progress=True)
+    rows = [
+        [f"{r:.2f}", *(payload["normalized_latency"][m][i] * 1000 for m in paper.MANAGERS)]
+        for i, r in enumerate(payload["rates"])
+    ]
+    print(table(rows, ["req/s", *(f"{m} ms/tok" for m in paper.MANAGERS)]))
+    for m, ratio in payload["paged_over"].items():
+        theirs = payload["paper_paged_over"].get(m)
+        print(
+            f"paged sustains {ratio:.1f}x the rate of {m}"
+            + (f" (paper: {theirs[0]}-{theirs[1]}x)" if theirs else "")
+        )
+    write_results("latency", payload, figure(payload), opts.out)

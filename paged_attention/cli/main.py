@@ -1,0 +1,105 @@
+"""Command line: ``python -m paged_attention {demo, generate, walkthrough, bench, figures}``.
+
+* ``demo``: the main job: serve a batch of requests with the embedded model under a small KV budget.
+* ``generate``: stream one completion from a model (``--model`` folder or cached hub name).
+* ``walkthrough``: paged KV memory step by step (allocator, page tables, fork, copy-on-write).
+* ``bench <name>``: benchmarks (``allocator``, ``kernel``, ``engine``) and the paper's experiments
+  (``fragmentation``, ``capacity``, ``throughput``, ``latency``, ``block-size``, ``sharing``), each writing
+  ``figures/<name>.png`` and the JSON behind it; each measures side by side.
+* ``figures``: regenerate every figure under ``figures/`` by running the notebooks that draw them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+BENCHMARKS = (
+    "allocator",
+    "kernel",
+    "engine",
+    "fragmentation",
+    "capacity",
+    "throughput",
+    "latency",
+    "block-size",
+    "sharing",
+)
+
+
+def _generate(opts: argparse.Namespace) -> None:
+    """Stream one completion through the engine's public API: ``step()`` returns the request's
+    output after every step that adds text (``DELTA``: only the new part), the last one finished."""
+    from ..engine.llm_engine import LLMEngine
+    from ..engine.sampling import RequestOutputKind, SamplingParams
+
+    engine = LLMEngine(opts.model, dtype=opts.dtype, num_kv_blocks=opts.num_kv_blocks, seed=opts.seed)
+    params = SamplingParams(
+        temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens, seed=opts.seed,
+        output_kind=RequestOutputKind.DELTA,
+    )  # fmt: skip
+    engine.add_request(None, opts.prompt, params)
+    print(opts.prompt, end="", flush=True)
+    num_tokens = 0
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            completion = output.outputs[0]
+            print(completion.text, end="", flush=True)
+            num_tokens += len(completion.token_ids)
+            if output.finished:
+                print(f"\n[{completion.finish_reason}: {num_tokens} tokens]")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m paged_attention", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="serve a batch of requests under a small KV budget")
+    demo.add_argument("--requests", type=int, default=48)
+    demo.add_argument("--num-kv-blocks", type=int, default=96)
+    demo.add_argument("--block-size", type=int, default=16)
+    demo.add_argument("--seed", type=int, default=0)
+    gen = sub.add_parser("generate", help="stream one completion")
+    gen.add_argument("--model", default=None, help="checkpoint folder or cached hub name (default: embedded)")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.8)
+    gen.add_argument("--top-p", type=float, default=0.95)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--dtype", default=None)
+    gen.add_argument("--num-kv-blocks", type=int, default=None)
+    walk = sub.add_parser("walkthrough", help="paged KV memory step by step")
+    walk.add_argument("--seed", type=int, default=0)
+    bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
+    bench.add_argument("name", choices=BENCHMARKS)
+    figures = sub.add_parser("figures", help="regenerate figures/ from the notebooks")
+    figures.add_argument("--timeout", type=int, default=600, help="seconds allowed per notebook")
+    figures.add_argument("--notebooks-only", action="store_true", help="skip the experiments (bench ...)")
+    opts, rest = parser.parse_known_args(argv)
+    if rest and opts.command != "bench":  # bench passes the rest to the benchmark's own parser
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+
+    if opts.command == "demo":
+        from .demo import run_demo
+
+        run_demo(opts.requests, opts.num_kv_blocks, opts.block_size, opts.seed)
+    elif opts.command == "generate":
+        _generate(opts)
+    elif opts.command == "walkthrough":
+        from .walkthrough import run_walkthrough
+
+        run_walkthrough(seed=opts.seed)
+    elif opts.command == "bench":
+        import importlib
+
+        module = importlib.import_module(f".bench.{opts.name.replace('-', '_')}", __package__)
+        module.main(rest)
+    elif opts.command == "figures":
+        from .figures import regenerate_figures
+
+        regenerate_figures(timeout=opts.timeout, experiments=not opts.notebooks_only)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

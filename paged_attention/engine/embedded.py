@@ -1,0 +1,322 @@
+"""The embedded default model, and loading any model the same way, offline.
+
+Why a tiny random model?
+    Everything in this package must run on a laptop with no network: the notebooks, the demo, the
+    tests. A real checkpoint is hundreds of megabytes and has to be downloaded; the engine does not
+    care whether the weights are *good*, only that a real transformers model runs through our paged
+    attention and that its tokens match ``model.generate``. So, when no model is named, we build one:
+    a 2.5M-parameter Llama (4 layers, 8 query heads sharing 2 KV heads, head size 32 - the same
+    grouped-query layout as Llama 3, Qwen2 and Mistral) with seeded weights. Its text is gibberish,
+    but every shape, every kernel and every page table it exercises is the real thing.
+
+Why train a tokenizer offline?
+    A tokenizer is data, and it too would have to be downloaded. A byte-level BPE tokenizer (GPT-2's
+    and Llama 3's kind: every string is bytes, so nothing is ever "unknown") trains in milliseconds
+    with the ``tokenizers`` library on the few kilobytes of prose kept below in :data:`_CORPUS`.
+    The corpus lives in this file, not in the package's other sources, so editing code elsewhere
+    never changes the vocabulary.
+
+Why ``save_pretrained`` and ``from_pretrained`` if we built the model ourselves?
+    So that the default model takes exactly the road every other model takes. We write it to a cache
+    folder once, as a normal checkpoint (``config.json``, ``model.safetensors``, tokenizer files),
+    and from then on :func:`load_model` opens it with ``AutoModelForCausalLM.from_pretrained`` like
+    any local checkpoint or any Hugging Face hub model already in the local cache. What you learn
+    with it carries over to ``LLM(model="/path/to/your/checkpoint")`` unchanged.
+
+The weights are stored in bfloat16, like most published Llama-family checkpoints; this keeps the file
+under 5 MB. Every stored value is exactly representable in bfloat16, so loading it in float32 (the
+default on a CPU) gives the very same numbers, only computed in higher precision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # transformers is imported lazily: `import paged_attention` stays fast
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = ["DEFAULT_MODEL_NAME", "cache_dir", "default_model_path"]
+
+#: The name under which ``LLM(model=...)`` and :func:`load_model` accept the embedded model.
+DEFAULT_MODEL_NAME = "paged-attention/tiny-llama"
+
+#: Bump when the recipe below changes (corpus, tokenizer, config, weights): caches built with another
+#: version are rebuilt on next use.
+_BUILD_VERSION = "1"
+
+_BUILD_INFO = "BUILD_INFO.json"
+_FOLDER = "tiny-llama"
+_SEED = 0
+
+BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
+_VOCAB_SIZE = 512  # 256 byte tokens + 3 special tokens + 253 learned merges
+_MAX_POSITIONS = 1024
+_QK_STD = 0.08  # init scale of the query and key projections (see _build_model)
+
+# Our own prose, the tokenizer's whole training set. Plain ASCII on purpose: the learned merges are
+# then all readable pieces of English words, which makes token ids easy to print in the notebooks.
+_CORPUS = """\
+A language model writes one token at a time. To choose the next token it looks back at every token
+before it, and this looking back is called attention. Each token is turned into a query, a key and
+a value. The query of the newest token is compared with the keys of all the tokens that came before;
+the scores become weights after a softmax, and the weighted sum of the values is the answer.
+
+The keys and values of old tokens never change, so the model keeps them in memory instead of
+computing them again at every step. This memory is the KV cache. It grows by one key and one value
+per layer and per head for every token, and for a long conversation with many users it becomes the
+largest thing on the GPU, larger than the model weights themselves.
+
+The simple way to store the cache is to give every request one contiguous piece of memory, big
+enough for the longest answer it could ever write. Most answers are short, so most of that memory
+is reserved and never used. The holes between requests are wasted as well. This is fragmentation,
+and it limits how many requests can run together.
+
+An operating system solved the same problem long ago with virtual memory. A program sees one long
+array, but the memory behind it is cut into small pages that can live anywhere. A page table maps
+each logical page to a physical frame. PagedAttention does the same thing for the KV cache. The
+cache is cut into blocks of sixteen tokens. Each sequence has a block table that maps its logical
+blocks to physical blocks, and a new block is taken from the free list only when the last one is
+full. At most one block per sequence is partly empty, so almost nothing is wasted.
+
+Blocks can also be shared. When two samples start from the same prompt, their block tables point
+to the same physical blocks, and a reference count says how many tables use each block. When one
+of them writes into a shared block, the block is copied first: copy on write, exactly as a process
+forks in Unix. Prefix caching goes one step further and finds blocks by a hash of their tokens, so a
+system prompt that many users send is stored only once.
+
+The attention kernel must now read keys and values through the block table. For each token in the
+cache it computes the block number and the offset inside the block, loads the key from that slot,
+and keeps a running maximum and a running sum so that the softmax can be done in one pass. The
+result is the same as attention over a contiguous cache, to the last bit that the numbers allow.
+
+A scheduler decides which requests run at each step. Continuous batching adds a new request as
+soon as there is room and removes a finished one at once, instead of waiting for the whole batch.
+When memory runs out, the scheduler preempts the request that arrived last: it frees its blocks and
+later computes them again, or it swaps them out to the CPU and brings them back. Every request ends
+with a reason: it wrote the stop token, it reached its length, or it was aborted.
+
+The sampler turns the scores of the model into the next token. At temperature zero it takes the
+most likely token, which is greedy decoding. With a higher temperature it draws at random, and top
+p or top k keep only the likely tokens. A seed makes the draw repeat, so the same prompt with the
+same seed gives the same answer, whatever else is in the batch.
+
+Hello, my name is Ada and I live in a small town by the sea. The capital of France is Paris, the
+capital of Italy is Rome, and the capital of Japan is Tokyo. What is the meaning of life? Write a
+short story about a robot who learns to read. Once upon a time there was a little robot that
+counted blocks all day: one, two, three, four, five, six, seven, eight, nine, ten. It kept a table
+of every block it had, and it never lost one. The end.
+
+In code, a block table is a list of integers, block_table[i] is the physical block of logical block
+i, and the slot of token t is block_table[t // block_size] * block_size + t % block_size. The
+numbers 0 1 2 3 4 5 6 7 8 9 10 16 32 64 128 256 512 1024 appear often.
+"""
+
+
+def cache_dir() -> Path:
+    """The folder where the embedded model is built: ``$PAGED_ATTENTION_CACHE``, else
+    ``~/.cache/paged-attention``."""
+    env = os.environ.get("PAGED_ATTENTION_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "paged-attention"
+
+
+def _transformers_major() -> str:
+    import transformers
+
+    return transformers.__version__.split(".")[0]
+
+
+def _built_version(folder: Path) -> str | None:
+    """The recipe version of the model in ``folder``, or None when it is missing or unusable here.
+
+    A folder built by another major version of transformers counts as missing: the tokenizer files
+    name classes that differ between transformers 4 and 5 (two environments may share one cache).
+    """
+    try:
+        info = json.loads((folder / _BUILD_INFO).read_text())
+        if info["built_with"]["transformers"].split(".")[0] != _transformers_major():
+            return None
+        return info["version"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def default_model_path(rebuild: bool = False) -> Path:
+    """Return the folder of the embedded model, building it on first use (about a second).
+
+    The build writes into a temporary folder beside the final one and renames it into place only
+    when complete, with ``BUILD_INFO.json`` written last. So an interrupted build leaves no
+    half-written model behind, and two processes building at once both end with the same, whole
+    folder. A folder whose ``BUILD_INFO.json`` names another recipe version is rebuilt; so is any
+    folder when ``rebuild=True``.
+    """
+    root = cache_dir()
+    path = root / _FOLDER
+    if not rebuild and _built_version(path) == _BUILD_VERSION:
+        return path
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{_FOLDER}-build-", dir=root))
+    try:
+        _build_into(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the finished model is an ordinary folder
+        for _ in range(5):
+            if path.exists():
+                if not rebuild and _built_version(path) == _BUILD_VERSION:
+                    return path  # another process finished first: keep its folder, drop ours
+                old = Path(tempfile.mkdtemp(prefix=f".{_FOLDER}-old-", dir=root))
+                with contextlib.suppress(FileNotFoundError):  # another process moved it first
+                    path.rename(old / _FOLDER)
+                shutil.rmtree(old, ignore_errors=True)
+            try:
+                tmp.rename(path)
+                return path
+            except OSError:
+                continue  # someone placed a folder between our check and our rename: look again
+        raise RuntimeError(f"could not move the embedded model into {path}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _train_tokenizer() -> PreTrainedTokenizerBase:
+    """Train the byte-level BPE tokenizer on :data:`_CORPUS` and wrap it for transformers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    # Byte level: text is UTF-8 bytes, each byte one of 256 base tokens, so any string round-trips.
+    # No prefix space, so decode(encode(text)) == text exactly.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=_VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=[BOS, EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([_CORPUS], trainer=trainer)
+    # Like Llama's tokenizers, ours puts <|bos|> in front of every encoded prompt.
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        add_bos_token=True,
+        model_max_length=_MAX_POSITIONS,
+    )
+
+
+def _build_model(tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    """A seeded Llama whose greedy output is varied, readable gibberish."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,  # grouped-query attention: 4 query heads share each KV head
+        head_dim=32,
+        max_position_embeddings=_MAX_POSITIONS,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        # 10x the usual 0.02: with the usual scale a random model's logits are nearly flat and greedy
+        # decoding repeats one token forever; at 0.2 the argmax moves from step to step.
+        initializer_range=0.2,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    # We draw every weight ourselves, in a fixed order from one seeded generator, rather than rely on
+    # transformers' initializer: its code changes between releases, torch's normal_ does not, so the
+    # same recipe gives the same weights (and the same notebook outputs) with any transformers.
+    #
+    # Queries and keys get a smaller scale, _QK_STD. At 0.2 the attention scores come out so large that
+    # the softmax is nearly one-hot: each head reads a single position. At 0.08 a head spreads its
+    # weight over about ten positions, so a wrong read anywhere in the paged cache shows in the output.
+    gen = torch.Generator().manual_seed(_SEED)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(("q_proj.weight", "k_proj.weight")):
+                param.normal_(0.0, _QK_STD, generator=gen)
+            else:
+                param.normal_(0.0, config.initializer_range, generator=gen)
+        # Shape what the model says, as training would have. A zero row of lm_head gives its token a
+        # logit of exactly 0, far below the top logits (about +8): such tokens are practically never
+        # chosen. We silence bos and pad, and the byte tokens that are not printable ASCII (alone they
+        # decode to control characters or broken UTF-8), so the demo prints readable text.
+        head = model.lm_head.weight
+        for token_id in _silenced_ids(tokenizer):
+            head[token_id] = 0.0
+        # A random model would say eos at a random step; at the first step the demo would print an
+        # empty answer. Halving its row makes it rare (but not impossible) early on; we keep it
+        # possible so that finish_reason "stop" still appears in long runs.
+        head[tokenizer.eos_token_id] *= 0.5
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return model.to(torch.bfloat16).eval()
+
+
+def _silenced_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    silenced = [tokenizer.bos_token_id, tokenizer.pad_token_id]
+    for token_id in range(len(tokenizer)):
+        if token_id in tokenizer.all_special_ids:
+            continue
+        text = tokenizer.decode([token_id])
+        if not all(ch == "\n" or " " <= ch <= "~" for ch in text):
+            silenced.append(token_id)
+    return silenced
+
+
+def _build_into(folder: Path) -> None:
+    """Write the whole embedded model (tokenizer, weights, BUILD_INFO.json last) into ``folder``."""
+    import tokenizers
+    import transformers
+
+    tokenizer = _train_tokenizer()
+    model = _build_model(tokenizer)
+    with quiet_progress():
+        model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    info = {
+        "version": _BUILD_VERSION,
+        "name": DEFAULT_MODEL_NAME,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "seed": _SEED,
+        "built_with": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+        },
+    }
+    (folder / _BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+
+
+@contextlib.contextmanager
+def quiet_progress() -> Iterator[None]:
+    """Turn transformers' own progress bars ("Loading weights", "Writing model shards") off for a
+    moment: our models load in a blink, and a bar on stderr would differ run to run in notebooks."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()

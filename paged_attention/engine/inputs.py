@@ -1,0 +1,52 @@
+"""Prompts as users write them (vLLM's forms) turned into token ids.
+
+A prompt is a string, a list of token ids, or a dict with ``"prompt"`` or ``"prompt_token_ids"``
+(and optionally ``"cache_salt"``: only requests with the same salt share prefix-cache blocks).
+``LLM.generate`` takes one prompt or a list of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+Prompt = str | list[int] | dict[str, Any]
+
+
+def as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    """One prompt (a string, a dict, a list of token ids) or a list of them, as a list."""
+    if isinstance(prompts, (str, dict)) or (
+        isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
+    ):
+        return [prompts]  # type: ignore[list-item]
+    if not isinstance(prompts, Sequence) or isinstance(prompts, (str, bytes)):
+        raise TypeError(
+            f"prompts must be a string, a list of token ids, or a list of those, got {type(prompts)}"
+        )
+    return list(prompts)
+
+
+def tokenize(prompt: Prompt, tokenizer: PreTrainedTokenizerBase) -> tuple[str | None, list[int], str | None]:
+    """``(text, token_ids, cache_salt)`` of one prompt; ``text`` is ``None`` for token ids."""
+    cache_salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    if cache_salt is not None and not isinstance(cache_salt, str):
+        raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            prompt = prompt["prompt_token_ids"]
+        elif "prompt" in prompt:
+            prompt = prompt["prompt"]
+        else:
+            raise TypeError("a dict prompt needs a 'prompt' or 'prompt_token_ids' key")
+    if isinstance(prompt, str):
+        if not prompt:
+            return prompt, [], cache_salt  # rejected by the caller, even if the tokenizer would add a BOS
+        return prompt, list(tokenizer(prompt, add_special_tokens=True)["input_ids"]), cache_salt
+    if isinstance(prompt, (list, tuple)) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt
+    ):
+        return None, list(prompt), cache_salt
+    raise TypeError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")

@@ -1,0 +1,306 @@
+"""The engine: requests in, one model step at a time, streamed outputs out.
+
+:class:`LLMEngine` is the loop every serving system has at its core::
+
+    add_request(...)            # tokenize, validate, queue (a bad request is rejected alone)
+    while has_unfinished_requests():
+        step()                  # schedule -> execute -> sample -> post-process; streams outputs
+
+``step()`` returns a :class:`~.outputs.RequestOutput` for every request that produced tokens in that
+step, ``finished=False`` until the step that ends it (vLLM's semantics; what each holds is the
+request's ``SamplingParams.output_kind``). :class:`~.llm.LLM` wraps the engine the way vLLM's
+``LLM`` does.
+
+The engine chooses nothing about memory or batching policy: it is handed a cache-manager factory
+(paged by default; the contiguous baselines bring their own, :mod:`paged_attention.baselines`) and
+a :class:`~.scheduler.SchedulingPolicy` (continuous batching by default). What a request does with
+its logits (sample, fork ``n`` samples, run a beam search) lives in its own class
+(:mod:`.parallel_sampling`, :mod:`.beam_search`), driven through the interface of :mod:`.request`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import time
+from collections.abc import Callable
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .._checks import check_int, check_positive_int
+from ..memory.kv_cache import KVCache, KVCacheSpec, default_kv_cache_memory
+from ..memory.manager import KVCacheManager
+from ..memory.paged_manager import PagedKVCacheManager
+from .beam_search import BeamSearchRequest, check_beams_fit
+from .inputs import Prompt, tokenize
+from .model_runner import ModelRunner
+from .models import eos_token_ids, resolve_model, serving_length
+from .outputs import RequestOutput, StepStats
+from .parallel_sampling import SamplingRequest
+from .request import Request, SequencePool
+from .sampling import BeamSearchParams, Sampler, SamplingParams
+from .scheduler import Scheduler, SchedulerOutput, SchedulingPolicy
+from .sequence import Sequence
+from .stop_checker import StopChecker
+
+#: Builds the cache manager from ``(num_blocks, block_size, max_model_len)``, the budget the engine
+#: sized; the KV tensors then take the manager's own ``num_blocks`` x ``block_size`` geometry.
+CacheManagerFactory = Callable[[int, int, int], KVCacheManager]
+
+
+class LLMEngine:
+    """A continuous-batching engine over a KV-cache manager, driving a transformers causal LM."""
+
+    def __init__(
+        self,
+        model: str | os.PathLike | PreTrainedModel | None = None,
+        tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None,
+        *,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        kv_cache_memory: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = None,
+        max_model_len: int | None = None,
+        attention_backend: str = "auto",
+        preemption_mode: str = "recompute",
+        num_cpu_blocks: int | None = None,
+        watermark: float = 0.01,
+        enable_prefix_caching: bool = True,
+        seed: int = 0,
+        cache_manager: CacheManagerFactory | None = None,
+        scheduling_policy: SchedulingPolicy | None = None,
+    ) -> None:
+        check_positive_int("block_size", block_size)
+        if cache_manager is not None and not callable(cache_manager):
+            raise TypeError(
+                f"cache_manager must be a factory (a callable), got {type(cache_manager).__name__}"
+            )
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model, self.tokenizer = resolve_model(model, tokenizer, dtype, device)
+        self.max_model_len = serving_length(self.model.config, max_model_len)
+        self.spec = KVCacheSpec.from_config(self.model.config, next(self.model.parameters()).dtype)
+        if num_kv_blocks is not None:
+            num_blocks = check_positive_int("num_kv_blocks", num_kv_blocks)
+        else:
+            default = default_kv_cache_memory(device, gpu_memory_utilization)
+            memory = check_int(
+                "kv_cache_memory", default if kv_cache_memory is None else kv_cache_memory, minimum=1
+            )
+            num_blocks = self.spec.num_blocks_for_budget(memory, block_size)
+        if cache_manager is None:
+            cpu_blocks = (
+                num_blocks if num_cpu_blocks is None and preemption_mode == "swap" else num_cpu_blocks
+            )
+            self.cache_manager: KVCacheManager = PagedKVCacheManager(
+                num_blocks, block_size, watermark, cpu_blocks or 0, enable_prefix_caching
+            )
+        else:
+            self.cache_manager = cache_manager(num_blocks, block_size, self.max_model_len)
+        manager = self.cache_manager
+        self.kv_cache = KVCache(self.spec, manager.num_blocks, manager.block_size, device)
+        self.cpu_cache = (
+            KVCache(self.spec, manager.num_cpu_blocks, manager.block_size, "cpu")
+            if manager.num_cpu_blocks
+            else None
+        )
+        budget = max(2048, self.max_model_len) if max_num_batched_tokens is None else max_num_batched_tokens
+        self.scheduler = Scheduler(manager, max_num_seqs, budget, preemption_mode, scheduling_policy)
+        self.runner = ModelRunner(self.model, self.kv_cache, attention_backend)
+        self.sampler = Sampler(check_int("seed", seed))
+        self.stop_checker = StopChecker(
+            self.tokenizer, eos_token_ids(self.model, self.tokenizer), self.max_model_len
+        )
+        self.pool = SequencePool(self.scheduler, manager)
+        self._requests: dict[str, Request] = {}
+        self._request_ids = itertools.count()
+        self.last_step: StepStats | None = None
+
+    # -- requests -------------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str | None,
+        prompt: Prompt,
+        params: SamplingParams | BeamSearchParams | None = None,
+        arrival_time: float | None = None,
+    ) -> str:
+        """Validate, tokenize and queue one request; raises ``ValueError``/``TypeError`` (and queues
+        nothing) if it is malformed or could never fit. Returns its request id.
+
+        ``params`` may be :class:`BeamSearchParams` for a beam search. A dict prompt may carry a
+        ``"cache_salt"``: only requests with the same salt share prefix-cache blocks.
+        """
+        params = params or SamplingParams()
+        if not isinstance(params, (SamplingParams, BeamSearchParams)):
+            raise TypeError(
+                f"params must be a SamplingParams or BeamSearchParams, got {type(params).__name__}"
+            )
+        beam = params if isinstance(params, BeamSearchParams) else None
+        if beam is not None:
+            params = SamplingParams(temperature=0.0, max_tokens=beam.max_tokens, ignore_eos=beam.ignore_eos)
+        assert isinstance(params, SamplingParams)
+        request_id = str(next(self._request_ids)) if request_id is None else str(request_id)
+        if request_id in self._requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        text, token_ids, cache_salt = tokenize(prompt, self.tokenizer)
+        params = self._check_prompt(token_ids, params)
+        width = beam.beam_width if beam else params.n
+        if beam is not None and not self.cache_manager.supports_fork:
+            raise ValueError("beam search forks page tables: it needs a cache manager that can fork")
+        forks = width > 1 and self.cache_manager.supports_fork  # else: n unshared sequences, same outputs
+        now = time.monotonic() if arrival_time is None else arrival_time
+        seqs = [
+            self.pool.new(request_id, token_ids, params, now, i, cache_salt)
+            for i in range(1 if forks else width)
+        ]
+        seqs[0].pending_forks = width - 1 if forks else 0
+        for seq in seqs:
+            if not self.cache_manager.fits_at_all(seq):
+                raise ValueError(
+                    f"request {request_id!r} can never fit: {self.cache_manager.unfit_reason(seq)}"
+                )
+        if beam is not None:
+            check_beams_fit(self.cache_manager, request_id, seqs[0], width)
+        for seq in seqs:
+            self.scheduler.add(seq)
+        request: Request
+        if beam is None:
+            request = SamplingRequest(request_id, text, token_ids, params, seqs, now, self.stop_checker)
+        else:
+            request = BeamSearchRequest(request_id, text, token_ids, beam, seqs[0], now, self.stop_checker)
+        self._requests[request_id] = request
+        return request_id
+
+    def _check_prompt(self, token_ids: list[int], params: SamplingParams) -> SamplingParams:
+        """Reject what cannot be served; ``max_tokens=None`` becomes the room left (vLLM's rule)."""
+        if not token_ids:
+            raise ValueError("the prompt is empty: a request needs at least one prompt token")
+        vocab = self.model.config.vocab_size
+        if min(token_ids) < 0 or max(token_ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab}), got one out of range")
+        if any(t >= vocab for t in params.stop_token_ids or []):
+            raise ValueError(f"stop_token_ids must be in [0, {vocab}), got {params.stop_token_ids}")
+        room = self.max_model_len - len(token_ids)
+        if room < 1:
+            raise ValueError(
+                f"prompt of {len(token_ids)} tokens leaves no room to generate "
+                f"(max_model_len={self.max_model_len})"
+            )
+        if params.max_tokens is None:
+            return dataclasses.replace(params, max_tokens=room)
+        if params.max_tokens > room:
+            raise ValueError(
+                f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                f"max_model_len={self.max_model_len}"
+            )
+        return params
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request now: its sequences finish with reason ``abort``, free their blocks, and the
+        request is forgotten (no output is returned for it; its id may be used again)."""
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            raise ValueError(f"no request with id {request_id!r}")
+        request.abort(time.monotonic(), self.pool)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- public views ---------------------------------------------------------------------------
+    @property
+    def request_ids(self) -> list[str]:
+        """The requests not yet finished (or aborted), in the order they were added."""
+        return list(self._requests)
+
+    def sequences(self, request_id: str) -> tuple[Sequence, ...]:
+        """The live sequences of a request (its samples, or its current beams): read them, do not
+        change them. ``cache_manager.block_table(seq.seq_id)`` gives each one's pages."""
+        if request_id not in self._requests:
+            raise ValueError(f"no unfinished request with id {request_id!r}")
+        return tuple(self._requests[request_id].seqs)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block that no sequence holds (e.g. between benchmark runs)."""
+        return self.cache_manager.reset_prefix_cache()
+
+    # -- the step -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, execute, sample, post-process; the outputs of the requests that moved on."""
+        start = time.perf_counter()
+        out = self.scheduler.schedule()
+        scheduled_at = time.perf_counter()
+        logits = self._execute(out)
+        drawn = self._sample(out, logits)
+        self.scheduler.after_step(out.scheduled)  # the step's K/V are in the cache from here on
+        outputs = self._postprocess(drawn)
+        if out.is_empty and self.scheduler.has_unfinished() and not (out.preempted or out.swap_in):
+            raise RuntimeError(
+                "the scheduler made no progress: no sequence could be scheduled"
+            )  # pragma: no cover
+        self.last_step = StepStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_swapped=len(self.scheduler.swapped), num_scheduled_seqs=len(out.scheduled),
+            num_scheduled_tokens=out.num_tokens, num_preempted=len(out.preempted),
+            kv_usage=self.cache_manager.usage, seconds=time.perf_counter() - start,
+            schedule_seconds=scheduled_at - start, prepare_seconds=self.runner.last_prepare_seconds,
+            forward_seconds=self.runner.last_forward_seconds,
+        )  # fmt: skip
+        return outputs
+
+    def _execute(self, out: SchedulerOutput) -> torch.Tensor | None:
+        """Move the blocks the scheduler asked for, then run the model: one logits row per
+        sequence that reaches its last token (``None`` if nothing was scheduled)."""
+        if out.swap_out:
+            assert self.cpu_cache is not None
+            self.kv_cache.copy_blocks_to(self.cpu_cache, out.swap_out)
+        if out.swap_in:
+            assert self.cpu_cache is not None
+            self.cpu_cache.copy_blocks_to(self.kv_cache, out.swap_in)
+        self.kv_cache.copy_blocks(out.block_copies)  # before the step's writes: order matters
+        self.runner.last_prepare_seconds = self.runner.last_forward_seconds = 0.0
+        if out.is_empty:
+            return None
+        tables = [self.cache_manager.block_table(s.seq.seq_id) for s in out.scheduled]
+        return self.runner.execute(out.scheduled, tables)
+
+    def _sample(
+        self, out: SchedulerOutput, logits: torch.Tensor | None
+    ) -> dict[str, list[tuple[Sequence, int]]]:
+        """Each request's drawers and their tokens, one batched sampler call for the whole step."""
+        touched: dict[str, list[tuple[Sequence, int]]] = {}
+        rows: list[int] = []
+        drawers: list[Sequence] = []
+        for row, seq in enumerate(s.seq for s in out.scheduled if s.samples):
+            assert logits is not None
+            touched.setdefault(seq.request_id, [])
+            for drawer in self._requests[seq.request_id].drawers(seq, logits[row], self.pool):
+                rows.append(row)
+                drawers.append(drawer)
+        if drawers:
+            assert logits is not None
+            tokens = self.sampler(
+                logits[rows], [s.params for s in drawers], [s.generator for s in drawers],
+                [self.stop_checker.banned(s) for s in drawers],
+            )  # fmt: skip
+            for seq, token in zip(drawers, tokens, strict=True):
+                touched[seq.request_id].append((seq, token))
+        return touched
+
+    def _postprocess(self, drawn: dict[str, list[tuple[Sequence, int]]]) -> list[RequestOutput]:
+        """Apply each request's tokens; report the requests that moved on; forget the finished."""
+        now = time.monotonic()
+        outputs = []
+        for request_id, tokens in drawn.items():
+            request = self._requests[request_id]
+            request.postprocess(tokens, now, self.pool)
+            output = request.output() if tokens or request.finished else None
+            if output is not None:
+                outputs.append(output)
+            if request.finished:
+                del self._requests[request_id]
+        return outputs

@@ -1,0 +1,188 @@
+"""Run a Hugging Face transformers model through *our* paged attention, without copying its code.
+
+transformers looks attention up by name: every attention layer calls
+``ALL_ATTENTION_FUNCTIONS[config._attn_implementation](module, query, key, value, mask, ...)``.
+We register one more name, ``"paged_attention"``, whose function stores the layer's new keys and
+values into their KV-cache slots and then runs the paged prefill or decode kernel. The model's own
+projections, rotary embeddings, MLPs and norms run unchanged. (vLLM's transformers backend plugs
+in the same way.)
+
+**One packed row per step.** All tokens scheduled in a step, from every sequence, go through the
+model as one batch row of ``num_tokens`` tokens: a decode contributes one token, a prefill chunk
+many. Nothing is padded. What keeps sequences apart is the metadata, not the tensor shape:
+
+* ``position_ids``: each token's position *within its own sequence* (rotary and learned position
+  embeddings read it);
+* ``slot_mapping``: where each token's K/V go;
+* ``block_tables``, ``seq_lens``, ``query_start_loc``: which tokens belong to which sequence and
+  where each sequence's pages are, so attention never mixes sequences.
+
+The metadata travels to the attention function through a *forward context* (a context variable
+set around the forward pass), as in vLLM, rather than through the model's call signature. Outside
+a forward context the function falls back to transformers' SDPA attention, so the same model object
+still works with ``model.generate``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .. import kernels
+from ..kernels import reference
+from ..kernels.validation import check_tables, default_scale
+from ..memory.kv_cache import KVCache
+from .scheduler import ScheduledSequence
+
+ATTENTION_NAME = "paged_attention"
+
+
+@dataclass
+class ForwardContext:
+    """The per-step metadata our attention function needs (the same for every layer)."""
+
+    kv_cache: KVCache
+    slot_mapping: torch.Tensor  # int64 [num_tokens]
+    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks]
+    seq_lens: torch.Tensor  # int32 [num_seqs], cached tokens after this step
+    query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
+    decode_only: bool  # every sequence brings exactly one token
+    backend: str
+    plan: reference.GatherPlan | None = None  # torch-backend decode: built once, used by every layer
+
+
+_context: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(
+    "paged_forward", default=None
+)
+
+
+@contextlib.contextmanager
+def forward_context(ctx: ForwardContext) -> Iterator[None]:
+    token = _context.set(ctx)
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def paged_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """The function transformers calls in every attention layer (shapes ``[1, heads, tokens, dim]``)."""
+    ctx = _context.get()
+    if ctx is None:  # called outside the engine (e.g. model.generate): behave like plain SDPA
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    layer = module.layer_idx
+    q = query[0].transpose(0, 1)  # [tokens, heads, dim]
+    k = key[0].transpose(0, 1).contiguous()
+    v = value[0].transpose(0, 1).contiguous()
+    key_cache, value_cache = ctx.kv_cache.key_cache(layer), ctx.kv_cache.value_cache(layer)
+    kernels.store_kv(k, v, key_cache, value_cache, ctx.slot_mapping, backend=ctx.backend)
+    q = q.contiguous()
+    if ctx.plan is not None:  # checked once when the plan was built; the cache holds finite numbers only
+        scale = default_scale(q.shape[-1], scaling)
+        out = reference.decode_with_plan(
+            q, key_cache, value_cache, ctx.plan, scale, zero_padding=False, fused=True
+        )
+    elif ctx.decode_only:
+        out = kernels.paged_decode(q, key_cache, value_cache, ctx.block_tables, ctx.seq_lens, scaling,
+                                   backend=ctx.backend)  # fmt: skip
+    else:
+        out = kernels.paged_prefill(q, key_cache, value_cache, ctx.block_tables, ctx.seq_lens,
+                                    ctx.query_start_loc, scaling, backend=ctx.backend)  # fmt: skip
+    return out.unsqueeze(0), None  # [1, tokens, heads, dim], as transformers expects
+
+
+def _mask(*args: object, **kwargs: object) -> torch.Tensor | None:
+    """Inside the engine our kernels apply causality and sequence boundaries themselves, so
+    transformers builds no mask; outside it (``model.generate``) the SDPA mask is built as usual."""
+    return None if _context.get() is not None else sdpa_mask(*args, **kwargs)
+
+
+AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
+AttentionMaskInterface.register(ATTENTION_NAME, _mask)
+
+
+class ModelRunner:
+    """Packs a step's scheduled tokens into one row, runs the model, returns next-token logits."""
+
+    def __init__(self, model: PreTrainedModel, kv_cache: KVCache, backend: str = "auto") -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.device = next(model.parameters()).device
+        self.backend = kernels.resolve_backend(backend, self.device)
+        model.set_attn_implementation(ATTENTION_NAME)
+        self.base_model = model.base_model
+        self.lm_head = model.get_output_embeddings()
+        self.last_prepare_seconds = self.last_forward_seconds = 0.0  # timings of the latest step
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[ScheduledSequence], block_tables: list[list[int]]) -> torch.Tensor:
+        """Run one step; returns logits ``[num_sampling_seqs, vocab]`` for the sequences that sample."""
+        start = time.perf_counter()
+        token_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        seq_lens: list[int] = []
+        starts = [0]
+        last_rows: list[int] = []
+        for s in scheduled:
+            first = s.start
+            token_ids += s.seq.token_slice(first, first + s.num_new_tokens)
+            positions += range(first, first + s.num_new_tokens)
+            slots += s.slot_mapping
+            seq_lens.append(first + s.num_new_tokens)
+            starts.append(starts[-1] + s.num_new_tokens)
+            if s.samples:
+                last_rows.append(starts[-1] - 1)
+        width = max(len(t) for t in block_tables)
+        table = torch.zeros(len(block_tables), width, dtype=torch.int32)
+        for row, ids in enumerate(block_tables):
+            table[row, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+        device = self.device
+        ctx = ForwardContext(
+            kv_cache=self.kv_cache,
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            block_tables=table.to(device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            decode_only=len(token_ids) == len(scheduled),
+            backend=self.backend,
+        )
+        if ctx.decode_only and self.backend == "torch":
+            ctx.block_tables, ctx.seq_lens, _ = check_tables(
+                ctx.block_tables, ctx.seq_lens, self.kv_cache.key_cache(0), device
+            )
+            ctx.plan = reference.GatherPlan.build(ctx.block_tables, ctx.seq_lens, self.kv_cache.block_size)
+        input_ids = torch.tensor([token_ids], device=device)
+        position_ids = torch.tensor([positions], device=device)
+        prepared = time.perf_counter()
+        with forward_context(ctx):
+            hidden = self.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False)[0]
+        logits = (
+            self.lm_head(hidden[0, last_rows])
+            if last_rows
+            else hidden.new_zeros(0, self.lm_head.out_features)
+        )
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.last_prepare_seconds = prepared - start
+        self.last_forward_seconds = time.perf_counter() - prepared
+        return logits

@@ -1,0 +1,281 @@
+"""Loading a model and its tokenizer, offline: a checkpoint folder, a cached hub name, or the embedded one.
+
+Every model takes the same road, ``AutoModelForCausalLM.from_pretrained`` and
+``AutoTokenizer.from_pretrained`` with ``local_files_only=True``: nothing is ever downloaded. The
+embedded default (a tiny random Llama, built on first use) is described in :mod:`.embedded`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # transformers is imported lazily: `import paged_attention` stays fast
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .embedded import DEFAULT_MODEL_NAME, default_model_path, quiet_progress
+
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "eos_token_ids",
+    "load_model",
+    "load_tokenizer",
+    "resolve_dtype",
+    "resolve_model",
+    "serving_length",
+]
+
+# vLLM's spellings are accepted too ("half", "float"), so programs written against vLLM run unchanged.
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def resolve_dtype(
+    dtype: str | torch.dtype | None, device: torch.device, config: object | None = None
+) -> torch.dtype:
+    """Turn a user's ``dtype`` into a torch dtype.
+
+    ``None`` and ``"auto"`` mean float32 on a CPU (half-precision matmuls are slow there, and exact
+    comparisons are easier in float32); on a GPU, the checkpoint's own dtype when it is float16 or
+    bfloat16, else float32. Otherwise one of ``"float32"`` (``"float"``), ``"float16"``
+    (``"half"``), ``"bfloat16"``, or the matching ``torch.dtype``.
+    """
+    allowed = sorted(set(_DTYPES.values()), key=str)
+    if dtype is None or (isinstance(dtype, str) and dtype.lower() == "auto"):
+        if device.type == "cpu":
+            return torch.float32
+        stored = getattr(config, "dtype", None) if config is not None else None
+        if isinstance(stored, str):
+            stored = _DTYPES.get(stored)
+        return stored if stored in (torch.float16, torch.bfloat16) else torch.float32
+    if isinstance(dtype, str):
+        if dtype.lower() in _DTYPES:
+            return _DTYPES[dtype.lower()]
+    elif isinstance(dtype, torch.dtype):
+        if dtype in allowed:
+            return dtype
+    else:
+        raise TypeError(f"dtype must be a str, a torch.dtype or None, got {type(dtype).__name__}")
+    names = ", ".join(repr(n) for n in ["auto", *_DTYPES])
+    raise ValueError(f"unsupported dtype {dtype!r}: allowed are {names}, or torch.float32/float16/bfloat16")
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str or torch.device, got {type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but no CUDA GPU is available here: use 'cpu'")
+    return dev
+
+
+def _hub_cache_hint() -> str:
+    try:
+        from huggingface_hub import constants
+
+        return str(constants.HF_HUB_CACHE)
+    except ImportError:  # pragma: no cover - transformers always brings huggingface_hub
+        return "~/.cache/huggingface/hub"
+
+
+def load_model(
+    model: str | os.PathLike | None = None,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    tokenizer: str | os.PathLike | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer, offline, and return ``(model, tokenizer)``.
+
+    ``model`` is one of:
+
+    - ``None`` or :data:`DEFAULT_MODEL_NAME`: the embedded tiny Llama, built on first use
+      (see :func:`default_model_path`);
+    - a local folder holding a transformers checkpoint (``config.json`` and weights);
+    - a Hugging Face hub name, such as ``"Qwen/Qwen2-0.5B"``, that is already in the local cache.
+      Nothing is ever downloaded: this package runs without a network.
+
+    Every case goes through ``AutoModelForCausalLM.from_pretrained`` and
+    ``AutoTokenizer.from_pretrained``; ``tokenizer`` names another folder or hub name to take the
+    tokenizer from. ``dtype`` is resolved by :func:`resolve_dtype`. The model comes back in eval mode
+    on ``device``.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model must be a hub name, a folder path or None, got {type(model).__name__}")
+    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
+        raise TypeError(
+            f"tokenizer must be a hub name, a folder path or None, got {type(tokenizer).__name__}"
+        )
+    dev = _resolve_device(device)
+    if isinstance(dtype, str) or dtype is None or isinstance(dtype, torch.dtype):
+        resolve_dtype(dtype, torch.device("cpu"))  # fail on a bad dtype before any loading
+    else:
+        raise TypeError(f"dtype must be a str, a torch.dtype or None, got {type(dtype).__name__}")
+
+    source = _locate(model)
+    try:
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
+        torch_dtype = resolve_dtype(dtype, dev, config)
+        with quiet_progress():
+            loaded = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot load model {model!r} from {source}: {err}") from err
+
+    tok = _load_tokenizer(source if tokenizer is None else _locate(tokenizer), f"model {model!r}")
+    return loaded.to(dev).eval(), tok
+
+
+def load_tokenizer(tokenizer: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
+    """Load only a tokenizer, offline, from the same kinds of sources as :func:`load_model`
+    (``None`` is the embedded model's). Useful when the model is already in memory."""
+    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
+        raise TypeError(
+            f"tokenizer must be a hub name, a folder path or None, got {type(tokenizer).__name__}"
+        )
+    return _load_tokenizer(_locate(tokenizer), f"tokenizer {tokenizer!r}")
+
+
+def _load_tokenizer(source: str, what: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    problem = ""
+    try:
+        tok = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        # Given a folder with no tokenizer files, transformers 5 builds an *empty* tokenizer of the
+        # model's type rather than failing; it would turn every prompt into nothing. Catch it here.
+        probe = tok("Hello world", add_special_tokens=False).input_ids
+        if not probe or all(i == tok.unk_token_id for i in probe):
+            problem = "it has no vocabulary"
+    except (OSError, ValueError, TypeError) as err:
+        problem = str(err)
+    if problem:
+        raise ValueError(
+            f"{what}: found no usable tokenizer in {source} ({problem}); "
+            "pass tokenizer= a folder or cached hub name that holds one"
+        )
+    return tok
+
+
+def _locate(name: str | os.PathLike | None) -> str:
+    """Where ``from_pretrained`` should look: a local folder, or a hub name found in the local cache."""
+    if name is None or (isinstance(name, str) and name == DEFAULT_MODEL_NAME):
+        return str(default_model_path())
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return str(path)
+    if path.exists():
+        raise ValueError(f"model path {str(name)!r} is a file: give the folder that holds config.json")
+    text = os.fspath(name)
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = isinstance(try_to_load_from_cache(text, "config.json"), str)
+    except ValueError:  # not a valid repo id, e.g. "./missing/folder" or "a/b/c"
+        found = False
+    if not found:
+        raise ValueError(
+            f"cannot find model {text!r}: it is neither a local folder nor a model in the local "
+            f"Hugging Face cache ({_hub_cache_hint()}), and nothing is downloaded (this package runs "
+            f"offline). Give a checkpoint folder, a hub name you have downloaded before, or no model "
+            f"for the embedded default {DEFAULT_MODEL_NAME!r}."
+        )
+    return text
+
+
+def resolve_model(
+    model: str | os.PathLike | PreTrainedModel | None,
+    tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None,
+    dtype: str | torch.dtype | None,
+    device: torch.device,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A model object is used as given (moved to ``device``, cast to ``dtype`` if one is named);
+    anything else goes through :func:`load_model`. ``tokenizer`` likewise: an object, or where to
+    load one (by default the model's own)."""
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    tok = None
+    if isinstance(tokenizer, PreTrainedTokenizerBase):
+        tok = tokenizer
+    elif tokenizer is not None:
+        tok = load_tokenizer(tokenizer)
+    if isinstance(model, PreTrainedModel):
+        if tok is None:
+            source = getattr(model, "name_or_path", "")
+            if not source:
+                raise ValueError("a model object needs tokenizer= (a tokenizer, or where to load one)")
+            tok = load_tokenizer(source)
+        if dtype is not None:
+            model = model.to(resolve_dtype(dtype, device, model.config))
+        return model.to(device).eval(), tok
+    loaded, default_tok = load_model(model, dtype, device)
+    return loaded, tok if tok is not None else default_tok
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """Every token that ends a sequence: the generation config's EOS ids and the tokenizer's."""
+    ids: set[int] = set()
+    generation_config = getattr(model, "generation_config", None)
+    for source in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(source)
+    return ids
+
+
+def attention_window(config: object) -> int | None:
+    """The model's sliding attention window, if it uses one (Mistral; Qwen2 only when enabled)."""
+    window = getattr(config, "sliding_window", None)
+    if window is None or getattr(config, "use_sliding_window", True) is False:
+        return None
+    return int(window)
+
+
+def check_supported(config: object) -> None:
+    """Refuse models whose attention or logits need what our kernels do not do, instead of
+    serving them wrongly: soft-capped attention scores (Gemma 2) or rescaled logits (Cohere)."""
+    for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(config, name, None):
+            raise ValueError(f"{type(config).__name__} uses {name}, which paged_attention does not implement")
+    if getattr(config, "logit_scale", 1.0) not in (None, 1.0):
+        raise ValueError(
+            f"{type(config).__name__} rescales its logits (logit_scale), which is not implemented"
+        )
+
+
+def serving_length(config: object, max_model_len: int | None) -> int:
+    """The longest sequence to serve: ``max_model_len``, by default the model's positions (or its
+    sliding window, if shorter); never more than either."""
+    from .._checks import check_positive_int
+
+    check_supported(config)
+    model_max = getattr(config, "max_position_embeddings", None) or 2048
+    window = attention_window(config)
+    if window is not None and window < model_max:
+        # Our kernels attend to the whole context. Within the window that is exactly what a
+        # sliding-window model does, so serve sequences only up to the window's length.
+        if max_model_len is not None and max_model_len > window:
+            raise ValueError(
+                f"max_model_len={max_model_len} exceeds the model's sliding window of {window} tokens, "
+                "which paged_attention does not implement"
+            )
+        model_max = window
+    length = check_positive_int("max_model_len", model_max if max_model_len is None else max_model_len)
+    if length > model_max:
+        raise ValueError(f"max_model_len={max_model_len} exceeds the model's {model_max} positions")
+    return length

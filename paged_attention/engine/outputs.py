@@ -1,0 +1,80 @@
+"""What the engine hands back: vLLM's ``RequestOutput`` / ``CompletionOutput``, plus step counters.
+
+``LLMEngine.step()`` streams as vLLM's does: it returns a :class:`RequestOutput` for every request
+that produced tokens in that step, with ``finished=False`` until the step that ends it. What each
+output holds is the request's ``SamplingParams.output_kind``: everything so far (``CUMULATIVE``,
+the default), only this step's tokens (``DELTA``), or nothing until the end (``FINAL_ONLY``, what
+``LLM.generate`` asks for).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class CompletionOutput:
+    """One sample of a request (vLLM's ``CompletionOutput``)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: int | str | None = None
+    cumulative_logprob: float | None = None
+    logprobs: None = None  # vLLM's field; this package does not compute log-probabilities
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    """Wall-clock times of a request (seconds from ``time.monotonic``)."""
+
+    arrival_time: float
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_preemptions: int = 0
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    def time_per_output_token(self, num_output_tokens: int) -> float | None:
+        if self.finished_time is None or self.first_token_time is None or num_output_tokens < 2:
+            return None
+        return (self.finished_time - self.first_token_time) / (num_output_tokens - 1)
+
+
+@dataclass
+class RequestOutput:
+    """One request's progress or result (vLLM's ``RequestOutput``)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        return self.metrics.time_per_output_token(max((len(o.token_ids) for o in self.outputs), default=0))
+
+
+@dataclass
+class StepStats:
+    """Counters of one ``step()``, for progress bars, benchmarks and notebooks."""
+
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    num_scheduled_seqs: int  # the batch size of this step
+    num_scheduled_tokens: int
+    num_preempted: int
+    kv_usage: float
+    seconds: float  # the whole step
+    schedule_seconds: float  # scheduler + cache manager (allocator, page tables)
+    prepare_seconds: float  # packing the batch: ids, positions, slot mapping, block tables
+    forward_seconds: float  # the model's forward pass (attention included)

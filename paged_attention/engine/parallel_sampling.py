@@ -1,0 +1,95 @@
+"""A sampling request: one sequence, or ``n`` parallel samples that share their prompt's pages.
+
+With a cache manager that can fork (the paged one), a request for ``n`` samples is one sequence
+until its prompt is computed. When that sequence draws its first token, the request makes its
+``n - 1`` siblings as copies of it; each draws its own first token from the same prompt logits,
+and once the step's K/V are recorded they fork the parent's page table: the prompt's blocks are
+shared, and only the partly filled last block is copied when a sample writes into it.
+
+Sample ``i`` draws from its own generator seeded ``seed + i``, so its tokens are exactly those of
+a lone request with ``n=1`` and seed ``seed + i``: sharing changes memory, never outputs. With a
+manager that cannot fork (a contiguous baseline), the ``n`` samples are ``n`` independent
+sequences from the start, with the same outputs.
+
+(This is the paper's design and vLLM v0's. vLLM v1 has no fork: its ``ParentRequest`` turns
+``n > 1`` into ``n`` child requests that share the prompt through the prefix cache.)
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .outputs import CompletionOutput, RequestOutput
+from .request import Request, SequencePool
+from .sampling import RequestOutputKind, SamplingParams
+from .sequence import Sequence
+from .stop_checker import StopChecker
+
+
+class SamplingRequest(Request):
+    """A request whose sequences sample their tokens (see the module docstring)."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        seqs: list[Sequence],
+        arrival_time: float,
+        stop_checker: StopChecker,
+    ) -> None:
+        super().__init__(request_id, prompt, prompt_token_ids, seqs, arrival_time)
+        self.params = params
+        self.stop_checker = stop_checker
+        self._forks: list[tuple[Sequence, Sequence]] = []  # (parent, child) to share after this step
+        self._reported: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens, characters) already streamed
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs) and not any(s.pending_forks for s in self.seqs)
+
+    def drawers(self, seq: Sequence, logits: torch.Tensor, pool: SequencePool) -> list[Sequence]:
+        if not seq.pending_forks:
+            return [seq]
+        first = len(self.seqs)
+        children = [pool.copy(seq, first + i) for i in range(seq.pending_forks)]
+        seq.pending_forks = 0
+        self.seqs += children
+        self._forks += [(seq, child) for child in children]
+        return [seq, *children]
+
+    def postprocess(self, drawn: list[tuple[Sequence, int]], now: float, pool: SequencePool) -> None:
+        for parent, child in self._forks:  # the parent's prompt is computed now: share its pages
+            child.num_computed_tokens = parent.num_computed_tokens
+            pool.fork(parent, child)
+        self._forks.clear()
+        if drawn:
+            self._mark_first_token(now)
+        for seq, token in drawn:
+            self.stop_checker.append(seq, token, now)
+            if seq.is_finished:
+                pool.release(seq)
+
+    def output(self) -> RequestOutput | None:
+        kind, finished = self.params.output_kind, self.finished
+        if kind is RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        outputs = []
+        for seq in self.seqs:
+            text, tokens = self.stop_checker.text(seq), list(seq.output_token_ids)
+            if not seq.is_finished:
+                text = text.rstrip("\ufffd")  # hold back half a UTF-8 character until it is whole
+            if kind is RequestOutputKind.DELTA:
+                sent_tokens, sent_chars = self._reported.get(seq.seq_id, (0, 0))
+                self._reported[seq.seq_id] = (len(tokens), len(text))
+                text, tokens = text[sent_chars:], tokens[sent_tokens:]
+            reason = seq.finish_reason.value if seq.finish_reason else None
+            outputs.append(CompletionOutput(seq.sample_index, text, tokens, reason, seq.stop_reason))
+        metrics = self.metrics
+        if finished:
+            metrics.finished_time = max((s.finish_time or 0.0) for s in self.seqs) or time.monotonic()
+        metrics.num_preemptions = sum(s.num_preemptions for s in self.seqs)
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs, finished, metrics)

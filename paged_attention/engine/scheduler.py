@@ -1,0 +1,305 @@
+"""Continuous batching: which sequences run this step, and with how many tokens each.
+
+Static batching (what ``model.generate`` does) runs a fixed batch until its longest member ends.
+Continuous batching (Orca, vLLM) decides anew at *every step*: a finished sequence leaves at once
+and a waiting one takes its place in the very next step. The scheduler below does that in one pass:
+
+1. **Running sequences first**, oldest first. Each gets the tokens it still needs (one for a
+   decode step, a chunk for a prompt being prefilled) within the step's token budget. If the cache
+   manager cannot find room, the scheduler **preempts the most recent arrival** among the running
+   sequences, which frees memory for the older ones; if the sequence asking is itself the most
+   recent, it is the one that steps back. Preemption either discards the victim's pages and puts it
+   back at the *front* of the waiting queue to be recomputed (``"recompute"``), or copies its pages
+   to CPU memory (``"swap"``) to be copied back later.
+2. **Swapped sequences come back** when no one was preempted in this step and memory allows.
+3. **Waiting sequences are admitted first-come first-served** while the token budget,
+   ``max_num_seqs`` and free blocks (above the watermark) allow. A long prompt is split into
+   chunks that fit the budget (*chunked prefill*), so one huge prompt never stalls the decodes.
+   Admission stops at the first request that does not fit: skipping ahead to smaller ones would
+   let a large request starve forever. A sequence whose beginning is in the prefix cache starts
+   with those tokens already computed (``lookup_prefix``) and spends budget only on the rest.
+
+Sharing adds two rules. A request with ``n`` samples or ``beam_width`` beams is admitted as one
+sequence that will fork: it takes all its seats in ``max_num_seqs`` at once, and the engine adds
+its children to the running set right after its prompt is computed (:meth:`add_forked`). And a
+beam waits for its siblings: once its newest token is computed it has nothing to run
+(``num_uncomputed_tokens == 0``) and is *parked*, skipped, until the engine has chosen the next
+beams from all of them.
+
+**Who may join, and who steps back** is a :class:`SchedulingPolicy`: continuous batching by
+default (anyone waiting may join at any step; the latest arrival is preempted first). The static
+batching baseline (:mod:`paged_attention.baselines.static_batching`) is another policy, not a flag.
+
+Why this cannot deadlock: a request that could never fit (its prompt plus ``max_tokens`` beyond the
+whole cache) is rejected when it is added, and the oldest running sequence is never the victim
+while a younger one runs, so the oldest always makes progress and eventually finishes. Parked beams
+could hold memory that the sibling they wait for needs; so when a step would schedule nothing at all
+while parked sequences run, they are all preempted (recomputed later, largely from the prefix
+cache). Preempted sequences re-enter the waiting queue in arrival order, a request's forks
+together, so the oldest request then comes back whole.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .._checks import check_positive_int
+from ..memory.manager import KVCacheManager
+from ..memory.page_table import BlockCopy
+from .sequence import Sequence, SequenceStatus
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclass(frozen=True)
+class ScheduledSequence:
+    """One sequence's share of a step: tokens ``start .. start + num_new_tokens - 1``.
+
+    ``samples`` says whether this step reaches the sequence's last token, so that its logits pick
+    the next one (false for all but the last chunk of a chunked prefill).
+    """
+
+    seq: Sequence
+    num_new_tokens: int
+    slot_mapping: list[int]
+    start: int
+    samples: bool
+
+    @classmethod
+    def of(cls, seq: Sequence, num_new_tokens: int, slot_mapping: list[int]) -> ScheduledSequence:
+        start = seq.num_computed_tokens
+        return cls(seq, num_new_tokens, slot_mapping, start, start + num_new_tokens == seq.num_tokens)
+
+
+@dataclass
+class SchedulerOutput:
+    """Everything the model runner and the engine must do for one step."""
+
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    block_copies: list[BlockCopy] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu block, cpu block)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu block, gpu block)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class SchedulingPolicy:
+    """Continuous batching's two choices, as hooks a baseline (or a student) may override.
+
+    * :meth:`opens_admission` is asked once per step, before anyone waiting is admitted: may the
+      queue be admitted from at all this step? :meth:`may_admit` is then asked for the sequence at
+      the head of the queue; admission stops at the first "no" (first come, first served).
+      :meth:`admission_ended` hears whether only the token budget stopped admission.
+    * :meth:`victim` picks whom to preempt when memory runs out: the latest arrival, so that the
+      oldest sequence always makes progress (the no-deadlock argument above relies on it).
+    """
+
+    def opens_admission(self, running: list[Sequence], waiting: Iterable[Sequence]) -> bool:
+        return True
+
+    def may_admit(self, seq: Sequence) -> bool:
+        return True
+
+    def admission_ended(self, stopped_by_budget: bool) -> None:
+        return None
+
+    def victim(self, running: list[Sequence]) -> Sequence:
+        """The sequence to preempt; ``running`` is in arrival order (forks behind their parent)."""
+        return running[-1]
+
+
+class Scheduler:
+    """FCFS continuous batching with chunked prefill and preemption (see the module docstring)."""
+
+    def __init__(
+        self,
+        cache: KVCacheManager,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2048,
+        preemption_mode: str = "recompute",
+        policy: SchedulingPolicy | None = None,
+    ) -> None:
+        check_positive_int("max_num_seqs", max_num_seqs)
+        check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
+        if preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
+        if preemption_mode == "swap" and not cache.num_cpu_blocks:
+            raise ValueError(
+                "preemption_mode='swap' needs a cache manager with CPU blocks (num_cpu_blocks > 0)"
+            )
+        if policy is not None and not isinstance(policy, SchedulingPolicy):
+            raise TypeError(f"policy must be a SchedulingPolicy, got {type(policy).__name__}")
+        self.cache = cache
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.preemption_mode = preemption_mode
+        self.policy = policy or SchedulingPolicy()
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in arrival order: the last one is the next victim
+        self.swapped: deque[Sequence] = deque()
+        self.num_preemptions = 0
+
+    # -- queues ---------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        if not self.cache.fits_at_all(seq):
+            raise ValueError(
+                f"request {seq.request_id!r} needs up to {seq.max_total_tokens} tokens of KV cache "
+                "(prompt + max_tokens), more than the cache can give one sequence"
+            )
+        if seq.num_seats > self.max_num_seqs:
+            raise ValueError(
+                f"request {seq.request_id!r} will run {seq.num_seats} sequences at once "
+                f"but max_num_seqs={self.max_num_seqs}"
+            )
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def add_forked(self, child: Sequence) -> None:
+        """A child forked from a running parent joins the running set at once (its memory is shared)."""
+        self._run(child)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def finish(self, seq: Sequence) -> None:
+        """Drop a finished (or aborted) sequence from every queue and free its memory."""
+        for queue in (self.waiting, self.swapped):
+            if seq in queue:
+                queue.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        self.cache.free(seq.seq_id)
+
+    # -- one step -------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        self._schedule_running(out, budget)
+        budget -= out.num_tokens
+        if not out.preempted:
+            self._swap_in(out)
+            budget = self._schedule_swapped_in(out, budget)
+        admission = self.policy.opens_admission(self.running, self.waiting)
+        if not out.preempted and not self.swapped and admission:
+            self.policy.admission_ended(self._admit_waiting(out, budget))
+        if out.is_empty and not (out.preempted or out.swap_in) and (self.waiting or self.swapped):
+            # Nothing could run: parked beams must be holding the memory that the rest need.
+            parked = [s for s in self.running if s.num_uncomputed_tokens == 0]
+            for seq in reversed(parked):
+                self._preempt(seq, out, recompute=True)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> None:
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            n = min(seq.num_uncomputed_tokens, budget)
+            if n == 0:  # parked: a beam waiting for its siblings
+                index += 1
+                continue
+            allocation = self.cache.allocate_slots(seq, n)
+            while allocation is None:
+                victim = self.policy.victim(self.running)
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+                allocation = self.cache.allocate_slots(seq, n)
+            if allocation is None:
+                break  # seq itself stepped back; everyone after it was preempted already
+            out.block_copies += allocation.copies
+            out.scheduled.append(ScheduledSequence.of(seq, n, allocation.slot_mapping))
+            budget -= n
+            index += 1
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput, recompute: bool = False) -> None:
+        self.running.remove(seq)
+        out.scheduled = [s for s in out.scheduled if s.seq is not seq]
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(seq)
+        cache = self.cache
+        if self.preemption_mode == "swap" and not recompute and cache.can_swap_out(seq.seq_id):
+            out.swap_out += cache.swap_out(seq.seq_id)
+            seq.status = SequenceStatus.SWAPPED
+            self.swapped.append(seq)
+            return
+        cache.free(seq.seq_id)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.PREEMPTED
+        # Back to the front of the queue, but behind any older preempted sequence, so that the
+        # front stays in arrival order and a request's forks stay together.
+        index = 0
+        while index < len(self.waiting) and self.waiting[index].order_key < seq.order_key:
+            index += 1
+        self.waiting.insert(index, seq)
+
+    def _swap_in(self, out: SchedulerOutput) -> None:
+        cache = self.cache
+        while self.swapped and self._seats_in_use() + self.swapped[0].num_seats <= self.max_num_seqs:
+            seq = self.swapped[0]
+            if not cache.can_swap_in(seq.seq_id):
+                return
+            self.swapped.popleft()
+            out.swap_in += cache.swap_in(seq.seq_id)
+            self._run(seq)
+
+    def _schedule_swapped_in(self, out: SchedulerOutput, budget: int) -> int:
+        """Give sequences swapped in this step their decode token, if memory and budget allow."""
+        scheduled = {s.seq.seq_id for s in out.scheduled}
+        for seq in self.running:
+            if seq.seq_id in scheduled or budget <= 0 or seq.num_uncomputed_tokens == 0:
+                continue
+            n = min(seq.num_uncomputed_tokens, budget)
+            allocation = self.cache.allocate_slots(seq, n)
+            if allocation is None:
+                continue  # it runs next step (a smaller one behind it may still fit now)
+            out.block_copies += allocation.copies
+            out.scheduled.append(ScheduledSequence.of(seq, n, allocation.slot_mapping))
+            budget -= n
+        return budget
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> bool:
+        """Admit from the head of the queue; returns whether only the token budget stopped it."""
+        seats = self._seats_in_use()
+        while self.waiting and budget > 0 and seats + self.waiting[0].num_seats <= self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.policy.may_admit(seq):
+                return False
+            seq.num_computed_tokens = self.cache.lookup_prefix(seq)  # a prefix-cache hit is computed already
+            n = min(seq.num_uncomputed_tokens, budget)
+            allocation = self.cache.allocate_slots(seq, n) if self.cache.can_admit(seq, n) else None
+            if allocation is None:
+                seq.num_computed_tokens = 0
+                return False
+            self.waiting.popleft()
+            self._run(seq)
+            out.block_copies += allocation.copies
+            out.scheduled.append(ScheduledSequence.of(seq, n, allocation.slot_mapping))
+            budget -= n
+            seats += seq.num_seats
+        return bool(self.waiting) and budget <= 0 and seats < self.max_num_seqs
+
+    def _seats_in_use(self) -> int:
+        """Places in ``max_num_seqs`` taken: one per running sequence, plus the forks they will make."""
+        return sum(s.num_seats for s in self.running)
+
+    def _run(self, seq: Sequence) -> None:
+        """Join the running set in arrival order (forks behind their parent), so that ``running[-1]``
+        is always the latest arrival."""
+        seq.status = SequenceStatus.RUNNING
+        bisect.insort(self.running, seq, key=lambda s: s.order_key)
+
+    def after_step(self, scheduled: list[ScheduledSequence]) -> None:
+        """Record that the scheduled tokens' K/V are now in the cache."""
+        for s in scheduled:
+            s.seq.num_computed_tokens += s.num_new_tokens

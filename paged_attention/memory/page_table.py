@@ -1,0 +1,218 @@
+"""One sequence's page table: its logical blocks mapped to physical blocks (vLLM's "block table").
+
+A sequence sees its KV cache as one contiguous array of token positions ``0, 1, 2, ...``. The page
+table cuts that array into *logical blocks* of ``block_size`` positions and records, for each, the
+*physical block* the allocator gave it. Position ``p`` therefore lives at
+
+    block = block_ids[p // block_size],   offset = p % block_size,   slot = block * block_size + offset
+
+and the *slot* is the row of the flattened ``[num_blocks * block_size, ...]`` cache that the store
+kernel writes and the attention kernel reads. Physical blocks need not be adjacent or in order:
+that freedom is the whole point, since a sequence never reserves memory for tokens it has not
+produced, and at most ``block_size - 1`` slots (the unfilled tail of its last block) sit idle.
+
+Forking (parallel sampling, beam search) copies the *table*, not the memory: the child points at
+the parent's blocks and each block's reference count goes up. The one block that may still be
+written, a partly filled last block, must be copied before either owner writes into it
+(*copy-on-write*): :meth:`PageTable.append_tokens` does so and returns the copy that the KV cache
+must perform (:meth:`paged_attention.memory.kv_cache.KVCache.copy_blocks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .._checks import cdiv, check_int, check_positive_int
+from .allocator import BlockAllocator, NoFreeBlocksError
+
+
+@dataclass(frozen=True)
+class BlockCopy:
+    """A pending copy-on-write: copy every layer's K/V of physical block ``src`` into ``dst``."""
+
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """What :meth:`PageTable.append_tokens` returns: where the new tokens go, and a copy to do first."""
+
+    slot_mapping: list[int]
+    copy: BlockCopy | None = None
+
+
+class PageTable:
+    """Logical-to-physical block map of one sequence, backed by a shared :class:`BlockAllocator`."""
+
+    def __init__(self, allocator: BlockAllocator, block_size: int) -> None:
+        if not isinstance(allocator, BlockAllocator):
+            raise TypeError(f"allocator must be a BlockAllocator, got {type(allocator).__name__}")
+        check_positive_int("block_size", block_size)
+        self.allocator = allocator
+        self.block_size = block_size
+        self.block_ids: list[int] = []
+        self.num_tokens = 0
+
+    # -- queries ---------------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_ids)
+
+    @property
+    def capacity(self) -> int:
+        """Token slots in the blocks held: ``num_tokens`` of them written, the rest the unfilled tail."""
+        return len(self.block_ids) * self.block_size
+
+    @property
+    def num_unfilled_slots(self) -> int:
+        """Slots of the last block not written yet (internal fragmentation, at most block_size-1)."""
+        return self.capacity - self.num_tokens
+
+    def slot(self, position: int) -> int:
+        """The cache slot of token ``position`` (0-based, must already be appended)."""
+        check_int("position", position, minimum=0)
+        if position >= self.num_tokens:
+            raise ValueError(f"position must be < num_tokens={self.num_tokens}, got {position}")
+        return self.block_ids[position // self.block_size] * self.block_size + position % self.block_size
+
+    def needs_copy_on_write(self) -> bool:
+        """True when the next token would land in a partly filled block that another table shares."""
+        return (
+            self.num_tokens % self.block_size != 0 and self.allocator.blocks[self.block_ids[-1]].ref_cnt > 1
+        )
+
+    def blocks_needed(self, num_new_tokens: int) -> int:
+        """Fresh blocks that appending ``num_new_tokens`` would take from the allocator."""
+        check_int("num_new_tokens", num_new_tokens, minimum=0)
+        if num_new_tokens == 0:
+            return 0
+        new_blocks = cdiv(self.num_tokens + num_new_tokens, self.block_size) - len(self.block_ids)
+        return new_blocks + int(self.needs_copy_on_write())
+
+    # -- operations ------------------------------------------------------------------------------
+    def append_tokens(self, num_new_tokens: int) -> AppendResult:
+        """Make room for ``num_new_tokens`` more tokens and return their slots.
+
+        A new block is taken exactly when the last one is full. If the last block is shared and
+        partly filled, it is first replaced by a private copy and the returned ``copy`` says which
+        physical block to copy into which. All or nothing: if the allocator cannot provide every
+        block needed, :class:`NoFreeBlocksError` is raised and the table is unchanged.
+        """
+        bs, ids = self.block_size, self.block_ids
+        start = self.num_tokens
+        if num_new_tokens == 1 and start % bs and self.allocator.blocks[ids[-1]].ref_cnt == 1:
+            # The decode fast path: one token into a private, partly filled last block.
+            self.num_tokens = start + 1
+            return AppendResult([ids[-1] * bs + start % bs], None)
+        needed = self.blocks_needed(num_new_tokens)
+        if num_new_tokens == 0:
+            return AppendResult([], None)
+        if needed > self.allocator.num_free_blocks:
+            raise NoFreeBlocksError(needed, self.allocator.num_free_blocks)
+        copy = self._copy_on_write() if self.needs_copy_on_write() else None
+        while len(self.block_ids) * self.block_size < self.num_tokens + num_new_tokens:
+            self.block_ids.append(self.allocator.allocate())
+        self.num_tokens += num_new_tokens
+        slots = [ids[p // bs] * bs + p % bs for p in range(start, self.num_tokens)]
+        return AppendResult(slots, copy)
+
+    def append_cached_blocks(self, block_ids: Sequence[int]) -> None:
+        """Take full blocks whose K/V are already computed (prefix-cache hits) as the next blocks.
+
+        Each block gains this table as an owner through ``allocator.touch``: a block still in use
+        elsewhere is simply shared, a freed one is pulled back out of the free queue. The table must
+        end on a block boundary, since the blocks arrive full.
+        """
+        if self.num_tokens % self.block_size:
+            raise ValueError(
+                f"cached blocks can only follow full blocks; this table holds {self.num_tokens} tokens "
+                f"(block_size={self.block_size})"
+            )
+        for block_id in block_ids:
+            self.allocator.touch(block_id)
+            self.block_ids.append(block_id)
+        self.num_tokens += len(block_ids) * self.block_size
+
+    def _copy_on_write(self) -> BlockCopy:
+        shared = self.block_ids[-1]
+        private = self.allocator.allocate()
+        self.allocator.free(shared)  # drop our reference; the other owners keep theirs
+        self.block_ids[-1] = private
+        return BlockCopy(src=shared, dst=private)
+
+    def fork(self) -> PageTable:
+        """A child table pointing at the same physical blocks (each block's ref count + 1)."""
+        child = PageTable(self.allocator, self.block_size)
+        for block_id in self.block_ids:
+            self.allocator.share(block_id)
+        child.block_ids = list(self.block_ids)
+        child.num_tokens = self.num_tokens
+        return child
+
+    def free(self) -> None:
+        """Give every block back (drop this table's references) and become empty."""
+        for block_id in reversed(self.block_ids):  # tail first: the prefix is the likelier cache hit
+            self.allocator.free(block_id)
+        self.block_ids = []
+        self.num_tokens = 0
+
+    def __repr__(self) -> str:
+        return f"PageTable(num_tokens={self.num_tokens}, block_ids={self.block_ids})"
+
+
+# -- batching many tables into the tensors the kernels read --------------------------------------
+def build_block_tables(
+    page_tables: Sequence[PageTable], *, max_blocks: int | None = None, pad_value: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad the tables into ``block_tables`` int32 ``[num_seqs, max_blocks]`` and ``seq_lens`` int32.
+
+    Row ``i`` holds sequence ``i``'s physical block ids; entries past ``cdiv(seq_len, block_size)``
+    are padding (``pad_value``, 0 as in vLLM) that the kernels never read.
+    """
+    widest = max((t.num_blocks for t in page_tables), default=0)
+    if max_blocks is None:
+        max_blocks = max(widest, 1)
+    elif max_blocks < widest:
+        raise ValueError(f"max_blocks must be >= the longest table's {widest} blocks, got {max_blocks}")
+    block_tables = torch.full((len(page_tables), max_blocks), pad_value, dtype=torch.int32)
+    for row, table in enumerate(page_tables):
+        block_tables[row, : table.num_blocks] = torch.tensor(table.block_ids, dtype=torch.int32)
+    seq_lens = torch.tensor([t.num_tokens for t in page_tables], dtype=torch.int32)
+    return block_tables, seq_lens
+
+
+@dataclass(frozen=True)
+class CSRPageLayout:
+    """FlashInfer's ragged view of many page tables, with no padding at all.
+
+    ``indices[indptr[i]:indptr[i+1]]`` are sequence ``i``'s pages in order, and
+    ``last_page_len[i]`` says how many slots of its last page hold tokens (1..page_size, or 0 for
+    an empty sequence). It is the CSR (compressed sparse row) encoding of the padded table.
+    """
+
+    indptr: torch.Tensor
+    indices: torch.Tensor
+    last_page_len: torch.Tensor
+
+
+def build_csr_layout(page_tables: Sequence[PageTable]) -> CSRPageLayout:
+    """The tables as FlashInfer's ``(paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len)``."""
+    counts = [t.num_blocks for t in page_tables]
+    indptr = torch.zeros(len(page_tables) + 1, dtype=torch.int32)
+    if counts:
+        indptr[1:] = torch.cumsum(torch.tensor(counts, dtype=torch.int32), 0)
+    indices = torch.tensor([b for t in page_tables for b in t.block_ids], dtype=torch.int32)
+    last = [t.num_tokens - (t.num_blocks - 1) * t.block_size if t.num_blocks else 0 for t in page_tables]
+    return CSRPageLayout(indptr, indices, torch.tensor(last, dtype=torch.int32))
+
+
+def build_slot_mapping(results: Sequence[AppendResult | Sequence[int]]) -> torch.Tensor:
+    """Concatenate per-sequence slot lists into the int64 ``slot_mapping`` of one step."""
+    slots: list[int] = []
+    for r in results:
+        slots.extend(r.slot_mapping if isinstance(r, AppendResult) else r)
+    return torch.tensor(slots, dtype=torch.int64)

@@ -1,0 +1,29 @@
+"""Pictures: every figure of the notebooks and the experiments, one module per chapter.
+
+- :mod:`.style`: shared colours, :func:`save` (``figures/<name>.png``), :func:`figures_dir`.
+- :mod:`.memory`: KV bytes per token, KV memory against context, reservation, block and arena maps.
+- :mod:`.kernels`: what a kernel program reads, split-K partitions, decode bandwidth.
+- :mod:`.scheduling`: static against continuous batching, scheduler and engine timelines.
+- :mod:`.paper`: the paper's figures (memory breakdown, batched requests, latency, block size, throughput).
+- :mod:`.sharing`: the prefix tree, memory saved by sharing, prefix-caching speedup, sharing over time.
+- :mod:`.memory_map`: the same memory maps as text.
+
+Use ``from paged_attention import viz``, then ``fig = viz.memory.block_map(...)`` and
+``viz.save(fig, "block_map")``.
+"""
+
+from . import kernels, memory, memory_map, paper, scheduling, sharing, style
+from .style import figures_dir, repo_root, save
+
+__all__ = [
+    "figures_dir",
+    "kernels",
+    "memory",
+    "memory_map",
+    "paper",
+    "repo_root",
+    "save",
+    "scheduling",
+    "sharing",
+    "style",
+]

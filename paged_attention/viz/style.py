@@ -1,0 +1,51 @@
+"""The house style of every figure, and where figures are saved.
+
+Shared colours (one per role, one per sequence), :func:`save` (``figures/<name>.png``) and the
+folders it writes to. Every chapter module draws with these, so a figure looks the same wherever it
+is drawn. Drawing functions take plain data, return a ``matplotlib.figure.Figure`` and never call
+``plt.show()``; the caller saves through :func:`save`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+GiB = 1024**3
+COLORS = {
+    "tokens": "#2b6cb0",
+    "future": "#90cdf4",
+    "wasted": "#e53e3e",
+    "free": "#edf2f7",
+    "weights": "#4a5568",
+}
+SEQUENCE_COLORS = plt.get_cmap("tab10").colors
+FIG2_COLORS = ("#2b6cb0", "#90cdf4", "#e53e3e", "#f6ad55")  # tokens, reserved, internal, external + free
+ARENA_COLORS = {"tokens": FIG2_COLORS[0], "reserved": FIG2_COLORS[1], "internal": FIG2_COLORS[2],
+                "rounding": FIG2_COLORS[3]}  # fmt: skip
+
+
+def repo_root() -> Path | None:
+    """The source checkout this package lives in, if it lives in one (editable install)."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").exists() and (root / "notebooks").is_dir() else None
+
+
+def figures_dir() -> Path:
+    """Where figures go: ``$PAGED_ATTENTION_FIGURES``, else the checkout's ``figures/``, else ./figures."""
+    env = os.environ.get("PAGED_ATTENTION_FIGURES")
+    root = repo_root()
+    path = Path(env) if env else (root / "figures" if root else Path.cwd() / "figures")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def save(fig: Figure, name: str) -> None:
+    """Save ``fig`` as ``figures/<name>.png`` (no software tag, so reruns are byte-stable).
+
+    Returns nothing, so that a notebook cell ending in ``viz.save(...)`` prints no path.
+    """
+    fig.savefig(figures_dir() / f"{name}.png", dpi=110, bbox_inches="tight", metadata={"Software": None})

@@ -1,0 +1,84 @@
+"""The folders are the layers: an AST walk of every import keeps the dependency rule true.
+
+    memory  <-  engine  <-  {baselines, experiments, viz, cli}
+    kernels <-  memory, engine
+
+``kernels`` knows only tensors; ``memory`` and ``engine`` never import the apparatus around them
+(baselines, experiments, pictures, commands). Two private helper modules at the top
+(``_checks``, ``_triton_env``) may be imported by anyone.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "paged_attention"
+SHARED = {"_checks", "_triton_env"}
+ALLOWED = {
+    "kernels": {"kernels"},
+    "memory": {"memory", "kernels"},
+    "engine": {"engine", "memory", "kernels"},
+    "baselines": {"baselines", "engine", "memory", "kernels"},
+    "experiments": {"experiments", "baselines", "engine", "memory", "kernels"},
+    "viz": {"viz", "experiments", "baselines", "engine", "memory", "kernels"},
+    "cli": {"cli", "viz", "experiments", "baselines", "engine", "memory", "kernels"},
+}
+
+
+def package_imports(source: str, path: Path) -> set[str]:
+    """The top-level package folders (``memory``, ``engine``, ...) that ``source``, the text of the
+    module at ``path``, imports, anywhere in it (function bodies included)."""
+    package = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source, str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(package[: len(package) - node.level + 1])
+                target = [*base, *(node.module.split(".") if node.module else [])]
+                names = [target] if node.module else [[*target, a.name] for a in node.names]
+            elif node.module and node.module.split(".")[0] == "paged_attention":
+                names = [node.module.split(".")]
+            else:
+                continue
+        elif isinstance(node, ast.Import):
+            names = [a.name.split(".") for a in node.names if a.name.split(".")[0] == "paged_attention"]
+        else:
+            continue
+        for parts in names:
+            if len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+def layer_of(path: Path) -> str:
+    return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+
+
+SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if layer_of(p) in ALLOWED)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_follow_the_layers(path: Path) -> None:
+    layer = layer_of(path)
+    bad = package_imports(path.read_text(), path) - ALLOWED[layer] - SHARED
+    assert not bad, f"{path.relative_to(PACKAGE)} ({layer}) imports {sorted(bad)}: see the rule above"
+
+
+def test_every_module_lives_in_a_layer() -> None:
+    top = {p.name for p in PACKAGE.iterdir() if p.suffix == ".py"}
+    assert top == {"__init__.py", "__main__.py", "_checks.py", "_triton_env.py"}
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(ALLOWED)
+
+
+def test_the_rule_catches_a_core_module_importing_the_apparatus() -> None:
+    probe = PACKAGE / "engine" / "probe.py"  # a module that does not exist: only its text is parsed
+    source = (
+        "from ..baselines import contiguous\nfrom paged_attention.viz import save\nfrom . import models\n"
+    )
+    found = package_imports(source, probe)
+    assert found == {"baselines", "viz", "engine"}
+    assert found - ALLOWED["engine"] - SHARED == {"baselines", "viz"}
