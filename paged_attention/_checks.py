@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 
 def check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
     """Return ``value`` if it is an ``int`` (not a ``bool``) and at least ``minimum``.
@@ -31,3 +33,30 @@ def check_positive_int(name: str, value: Any) -> int:
 def cdiv(a: int, b: int) -> int:
     """Ceiling division for non-negative ints: the number of size-``b`` blocks that hold ``a`` items."""
     return -(-a // b)
+
+
+# vLLM's spellings are accepted too ("half", "float"), so programs written against vLLM run unchanged.
+DTYPE_NAMES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def as_dtype(dtype: Any) -> torch.dtype:
+    """A ``torch.dtype`` from itself or its name: vLLM's spellings (:data:`DTYPE_NAMES`) or torch's
+    (``"float64"``, ``"torch.float16"``). Raises ``TypeError`` naming what is allowed."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str):
+        name = dtype.lower().removeprefix("torch.")
+        if name in DTYPE_NAMES:
+            return DTYPE_NAMES[name]
+        if isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+    raise TypeError(f"dtype must be a torch.dtype or its name such as 'float16' or 'half', got {dtype!r}")

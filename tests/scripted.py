@@ -19,7 +19,7 @@ def step(scheduler: Scheduler, finish: bool = False) -> SchedulerOutput:
     out = scheduler.schedule()
     scheduler.after_step(out.scheduled)
     for s in out.scheduled:
-        if s.samples:
+        if s.needs_logits:
             s.seq.output_token_ids.append(7)
             if finish and len(s.seq.output_token_ids) >= s.seq.params.max_tokens:
                 s.seq.finish(FinishReason.LENGTH, 0.0)

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,47 @@ def test_the_rule_catches_a_core_module_importing_the_apparatus() -> None:
     found = package_imports(source, probe)
     assert found == {"baselines", "viz", "engine"}
     assert found - ALLOWED["engine"] - SHARED == {"baselines", "viz"}
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_every_module_reads_in_one_sitting(path: Path) -> None:
+    assert len(path.read_text().splitlines()) <= 400, "split it: one concept per module"
+
+
+def test_no_core_module_asks_which_cache_manager_it_has() -> None:
+    managers = ("PagedKVCacheManager", "ContiguousKVCacheManager")
+    for path in SOURCES:
+        if layer_of(path) in ("memory", "engine"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+                    named = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+                    assert not named & set(managers), f"{path.name} asks which manager it has"
+
+
+def private_names(source: str) -> set[str]:
+    """``obj._name`` attributes and ``_name`` imports a piece of code reaches for (dunders excepted)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        names = [node.attr] if isinstance(node, ast.Attribute) else []
+        if isinstance(node, ast.ImportFrom):
+            names = [a.name for a in node.names]
+        found |= {n for n in names if n.startswith("_") and not n.startswith("__")}
+    return found
+
+
+NOTEBOOKS = sorted((PACKAGE.parent / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebooks_use_only_public_views(path: Path) -> None:
+    cells = json.loads(path.read_text())["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    code = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
+    assert private_names(code) == set()
+
+
+def test_the_command_line_uses_only_public_views() -> None:
+    for path in sorted((PACKAGE / "cli").rglob("*.py")):
+        source = path.read_text()
+        reached = private_names(source) - {"_progress", "_results", "_checks"}  # the cli's own helper modules
+        assert reached == set(), f"{path.relative_to(PACKAGE)} reaches for {sorted(reached)}"

@@ -17,10 +17,10 @@ def test_chunked_prefill_splits_a_long_prompt_under_the_token_budget():
     chunks = []
     for _ in range(3):
         out = step(scheduler)
-        chunks.append([(s.seq.seq_id, s.num_new_tokens, s.samples) for s in out.scheduled])
+        chunks.append([(s.seq.seq_id, s.num_new_tokens, s.needs_logits) for s in out.scheduled])
     assert chunks == [[(0, 10, False)], [(0, 10, False)], [(0, 5, True)]]
     out = step(scheduler)  # now one decode token
-    assert [(s.num_new_tokens, s.samples) for s in out.scheduled] == [(1, True)]
+    assert [(s.num_new_tokens, s.needs_logits) for s in out.scheduled] == [(1, True)]
 
 
 def test_decodes_go_first_and_new_prompts_fill_the_remaining_budget():

@@ -275,7 +275,7 @@ class LLMEngine:
         touched: dict[str, list[tuple[Sequence, int]]] = {}
         rows: list[int] = []
         drawers: list[Sequence] = []
-        for row, seq in enumerate(s.seq for s in out.scheduled if s.samples):
+        for row, seq in enumerate(s.seq for s in out.scheduled if s.needs_logits):
             assert logits is not None
             touched.setdefault(seq.request_id, [])
             for drawer in self._requests[seq.request_id].drawers(seq, logits[row], self.pool):

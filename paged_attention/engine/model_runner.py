@@ -64,8 +64,15 @@ _context: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar
 )
 
 
+def current_context() -> ForwardContext | None:
+    """The packed step the model is running now (``None`` outside a forward pass): what every
+    layer's attention reads. A forward hook may call it to look at a step (notebook 05 does)."""
+    return _context.get()
+
+
 @contextlib.contextmanager
 def forward_context(ctx: ForwardContext) -> Iterator[None]:
+    """Make ``ctx`` the current step for the duration of one forward pass."""
     token = _context.set(ctx)
     try:
         yield
@@ -133,6 +140,11 @@ class ModelRunner:
         self.lm_head = model.get_output_embeddings()
         self.last_prepare_seconds = self.last_forward_seconds = 0.0  # timings of the latest step
 
+    @property
+    def attention_implementation(self) -> str:
+        """The name transformers' layers look up in ``ALL_ATTENTION_FUNCTIONS``: ours, once set."""
+        return str(self.model.config._attn_implementation)
+
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSequence], block_tables: list[list[int]]) -> torch.Tensor:
         """Run one step; returns logits ``[num_sampling_seqs, vocab]`` for the sequences that sample."""
@@ -150,7 +162,7 @@ class ModelRunner:
             slots += s.slot_mapping
             seq_lens.append(first + s.num_new_tokens)
             starts.append(starts[-1] + s.num_new_tokens)
-            if s.samples:
+            if s.needs_logits:
                 last_rows.append(starts[-1] - 1)
         width = max(len(t) for t in block_tables)
         table = torch.zeros(len(block_tables), width, dtype=torch.int32)

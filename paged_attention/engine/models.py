@@ -16,6 +16,7 @@ import torch
 if TYPE_CHECKING:  # transformers is imported lazily: `import paged_attention` stays fast
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from .._checks import DTYPE_NAMES
 from .embedded import DEFAULT_MODEL_NAME, default_model_path, quiet_progress
 
 __all__ = [
@@ -28,18 +29,6 @@ __all__ = [
     "serving_length",
 ]
 
-# vLLM's spellings are accepted too ("half", "float"), so programs written against vLLM run unchanged.
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "fp32": torch.float32,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "fp16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
-
 
 def resolve_dtype(
     dtype: str | torch.dtype | None, device: torch.device, config: object | None = None
@@ -51,23 +40,23 @@ def resolve_dtype(
     bfloat16, else float32. Otherwise one of ``"float32"`` (``"float"``), ``"float16"``
     (``"half"``), ``"bfloat16"``, or the matching ``torch.dtype``.
     """
-    allowed = sorted(set(_DTYPES.values()), key=str)
+    allowed = sorted(set(DTYPE_NAMES.values()), key=str)
     if dtype is None or (isinstance(dtype, str) and dtype.lower() == "auto"):
         if device.type == "cpu":
             return torch.float32
         stored = getattr(config, "dtype", None) if config is not None else None
         if isinstance(stored, str):
-            stored = _DTYPES.get(stored)
+            stored = DTYPE_NAMES.get(stored)
         return stored if stored in (torch.float16, torch.bfloat16) else torch.float32
     if isinstance(dtype, str):
-        if dtype.lower() in _DTYPES:
-            return _DTYPES[dtype.lower()]
+        if dtype.lower() in DTYPE_NAMES:
+            return DTYPE_NAMES[dtype.lower()]
     elif isinstance(dtype, torch.dtype):
         if dtype in allowed:
             return dtype
     else:
         raise TypeError(f"dtype must be a str, a torch.dtype or None, got {type(dtype).__name__}")
-    names = ", ".join(repr(n) for n in ["auto", *_DTYPES])
+    names = ", ".join(repr(n) for n in ["auto", *DTYPE_NAMES])
     raise ValueError(f"unsupported dtype {dtype!r}: allowed are {names}, or torch.float32/float16/bfloat16")
 
 

@@ -58,7 +58,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 class ScheduledSequence:
     """One sequence's share of a step: tokens ``start .. start + num_new_tokens - 1``.
 
-    ``samples`` says whether this step reaches the sequence's last token, so that its logits pick
+    ``needs_logits`` says whether this step reaches the sequence's last token, so that its logits pick
     the next one (false for all but the last chunk of a chunked prefill).
     """
 
@@ -66,7 +66,7 @@ class ScheduledSequence:
     num_new_tokens: int
     slot_mapping: list[int]
     start: int
-    samples: bool
+    needs_logits: bool
 
     @classmethod
     def of(cls, seq: Sequence, num_new_tokens: int, slot_mapping: list[int]) -> ScheduledSequence:

@@ -148,7 +148,7 @@ def run_trace(
         scheduler.after_step(out.scheduled)
         finished = 0
         for s in out.scheduled:
-            if s.samples:
+            if s.needs_logits:
                 seq = s.seq
                 seq.output_token_ids.append(0)
                 if len(seq.output_token_ids) >= seq.params.max_tokens:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._checks import cdiv
 from .validation import check_cache, check_query_start_loc, check_store_args, check_tables, default_scale
 
 
@@ -24,7 +25,7 @@ def gather_kv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence's keys and values, contiguous: ``[seq_len, num_kv_heads, head_dim]`` each."""
     block_size = key_cache.shape[1]
-    num_blocks = -(-seq_len // block_size)
+    num_blocks = cdiv(seq_len, block_size)
     blocks = block_table[:num_blocks].long()
     keys = key_cache.index_select(0, blocks).flatten(0, 1)[:seq_len]
     return keys, value_cache.index_select(0, blocks).flatten(0, 1)[:seq_len]
@@ -47,7 +48,7 @@ class GatherPlan:
     @classmethod
     def build(cls, block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> GatherPlan:
         max_len = int(seq_lens.max())
-        width = -(-max_len // block_size)
+        width = cdiv(max_len, block_size)
         positions = torch.arange(width * block_size, device=seq_lens.device)
         valid = positions[None, :] < seq_lens[:, None]
         used = valid.view(-1, width, block_size)[:, :, 0]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .._checks import check_int, check_positive_int
 from .allocator import BlockAllocator
-from .page_table import PageTable
+from .page_table import PageTable, written_slots
 
 
 @dataclass(frozen=True)
@@ -104,17 +104,15 @@ def paged_memory_report(
     allocated block is internal fragmentation; blocks in the free queue are free.
     """
     check_positive_int("block_size", block_size)
-    filled: dict[int, int] = {}
     holders: dict[int, int] = {}
     for table in page_tables:
         if table.allocator is not allocator:
             raise ValueError("every page table must draw from the allocator passed in")
         if table.block_size != block_size:
             raise ValueError(f"every page table must have block_size={block_size}, got {table.block_size}")
-        for index, block_id in enumerate(table.block_ids):
-            in_block = min(block_size, table.num_tokens - index * block_size)
-            filled[block_id] = max(filled.get(block_id, 0), in_block)
+        for block_id in table.block_ids:
             holders[block_id] = holders.get(block_id, 0) + 1
+    filled = written_slots(page_tables)
     blocks = allocator.blocks  # direct reads: this runs every step of long simulations
     if allocator.num_used_blocks != len(holders) or any(blocks[b].ref_cnt != n for b, n in holders.items()):
         raise ValueError(

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_int, check_positive_int
+from .._checks import as_dtype, check_int, check_positive_int
 from ..kernels.reference import store_kv
 from .page_table import BlockCopy
 
@@ -61,7 +61,7 @@ class KVCacheSpec:
             # transformers >= 4.56 calls it ``dtype``; older releases ``torch_dtype``.
             name = "dtype" if hasattr(text_config, "dtype") else "torch_dtype"
             dtype = getattr(text_config, name, None)
-        return cls(text_config.num_hidden_layers, num_kv_heads, head_dim, _as_dtype(dtype or torch.float16))
+        return cls(text_config.num_hidden_layers, num_kv_heads, head_dim, as_dtype(dtype or torch.float16))
 
     @property
     def bytes_per_token(self) -> int:
@@ -102,14 +102,6 @@ def default_kv_cache_memory(device: torch.device, gpu_memory_utilization: float 
 def kv_bytes_per_token(config: Any, dtype: torch.dtype | str | None = None) -> int:
     """Bytes of KV cache one token occupies in a model with this transformers config."""
     return KVCacheSpec.from_config(config, dtype).bytes_per_token
-
-
-def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if isinstance(dtype, str) and isinstance(getattr(torch, dtype.removeprefix("torch."), None), torch.dtype):
-        return getattr(torch, dtype.removeprefix("torch."))
-    raise TypeError(f"dtype must be a torch.dtype or its name such as 'float16', got {dtype!r}")
 
 
 class KVCache:

@@ -72,6 +72,12 @@ class PageTable:
         """Slots of the last block not written yet (internal fragmentation, at most block_size-1)."""
         return self.capacity - self.num_tokens
 
+    def filled_slots(self) -> list[tuple[int, int]]:
+        """``(block_id, tokens written in it)`` for each block, in logical order: every block is
+        full but the last, which holds the rest."""
+        bs = self.block_size
+        return [(b, min(bs, self.num_tokens - i * bs)) for i, b in enumerate(self.block_ids)]
+
     def slot(self, position: int) -> int:
         """The cache slot of token ``position`` (0-based, must already be appended)."""
         check_int("position", position, minimum=0)
@@ -165,6 +171,16 @@ class PageTable:
 
 
 # -- batching many tables into the tensors the kernels read --------------------------------------
+def written_slots(page_tables: Sequence[PageTable]) -> dict[int, int]:
+    """Block id -> slots written in it, over tables that may share blocks. A shared block's count is
+    the most any owner wrote: owners agree, since copy-on-write runs before a shared block is written."""
+    written: dict[int, int] = {}
+    for table in page_tables:
+        for block_id, count in table.filled_slots():
+            written[block_id] = max(written.get(block_id, 0), count)
+    return written
+
+
 def build_block_tables(
     page_tables: Sequence[PageTable], *, max_blocks: int | None = None, pad_value: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:

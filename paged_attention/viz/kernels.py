@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from .._checks import cdiv
 from .style import COLORS, SEQUENCE_COLORS
 
 
@@ -30,9 +31,9 @@ def program_reads(
     ``num_blocks`` blocks; the blocks the block table points to carry the same colours, the rest are
     grey (never touched), and a line joins each logical block to its physical block.
     """
-    used = -(-seq_len // block_size)
+    used = cdiv(seq_len, block_size)
     table = [int(b) for b in block_table_row[:used]]
-    num_tiles = -(-seq_len // tile)
+    num_tiles = cdiv(seq_len, tile)
     cmap = plt.get_cmap("viridis")
     tile_colors = [cmap(0.15 + 0.7 * t / max(1, num_tiles - 1)) for t in range(num_tiles)]
     gap = 0.18
@@ -98,8 +99,8 @@ def split_k_partitions(seq_len: int, partition_size: int, tile: int, title: str 
     in turn; with it, partition ``s`` (tokens ``s * partition_size ...``) runs as its own program,
     in parallel with the others if the GPU has idle SMs, and a short merge pass combines the results.
     """
-    num_tiles = -(-seq_len // tile)
-    num_parts = -(-seq_len // partition_size)
+    num_tiles = cdiv(seq_len, tile)
+    num_parts = cdiv(seq_len, partition_size)
     colors = [SEQUENCE_COLORS[s % len(SEQUENCE_COLORS)] for s in range(num_parts)]
     rows = num_parts + 2
     fig, ax = plt.subplots(figsize=(7.2, 0.42 * rows + 1.5))
@@ -115,11 +116,11 @@ def split_k_partitions(seq_len: int, partition_size: int, tile: int, title: str 
     labels = [(y + 0.35, "no split-K:\none program")]
     for s in range(num_parts):
         y = rows - 3 - s
-        part_tiles = -(-(min(seq_len, (s + 1) * partition_size) - s * partition_size) // tile)
+        part_tiles = cdiv(min(seq_len, (s + 1) * partition_size) - s * partition_size, tile)
         for t in range(part_tiles):
             box(t, y, colors[s])
         labels.append((y + 0.35, f"partition {s}\n(own program)"))
-    split_tiles = -(-partition_size // tile) if num_parts > 1 else num_tiles
+    split_tiles = cdiv(partition_size, tile) if num_parts > 1 else num_tiles
     merge_y = rows - 2 - num_parts
     ax.add_patch(
         Rectangle((split_tiles, merge_y + 0.35), 0.9, num_parts - 0.3, facecolor="#4a5568", edgecolor="white")

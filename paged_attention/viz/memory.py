@@ -13,9 +13,10 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from .._checks import cdiv
 from ..memory.accounting import ReservationRow
 from ..memory.allocator import BlockAllocator
-from ..memory.page_table import PageTable
+from ..memory.page_table import PageTable, written_slots
 from .style import ARENA_COLORS, COLORS, SEQUENCE_COLORS, GiB
 
 
@@ -116,14 +117,12 @@ def block_map(
     """
     labels = list(labels) if labels is not None else [f"seq {i}" for i in range(len(page_tables))]
     owner: dict[int, int] = {}
-    filled: dict[int, int] = {}
     for seq, table in enumerate(page_tables):
-        for index, block_id in enumerate(table.block_ids):
+        for block_id in table.block_ids:
             owner.setdefault(block_id, seq)
-            in_block = min(block_size, table.num_tokens - index * block_size)
-            filled[block_id] = max(filled.get(block_id, 0), in_block)
+    filled = written_slots(page_tables)
 
-    rows = -(-allocator.num_blocks // columns)
+    rows = cdiv(allocator.num_blocks, columns)
     fig, ax = plt.subplots(figsize=(1.1 * columns + 0.4, 0.75 * rows + 1.3))
     slot_w, gap = 1.0 / block_size, 0.12
     for block_id in range(allocator.num_blocks):

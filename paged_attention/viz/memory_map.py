@@ -14,7 +14,7 @@ import string
 from collections.abc import Sequence
 
 from ..memory.allocator import BlockAllocator
-from ..memory.page_table import PageTable
+from ..memory.page_table import PageTable, written_slots
 
 
 def format_memory_map(
@@ -30,8 +30,7 @@ def format_memory_map(
         raise ValueError("labels must be one single character per page table")
     cells = [["."] * block_size for _ in range(allocator.num_blocks)]
     for label, table in zip(labels, page_tables, strict=True):
-        for index, block_id in enumerate(table.block_ids):
-            written = min(block_size, table.num_tokens - index * block_size)
+        for block_id, written in table.filled_slots():
             shared = allocator.ref_count(block_id) > 1
             for slot in range(block_size):
                 if slot < written:
@@ -50,11 +49,7 @@ def paged_segments(tables: Sequence[PageTable], block_size: int) -> list[tuple[i
     :func:`paged_attention.viz.memory.arena_map`: each block's written slots (``"tokens"``) and its
     unfilled tail (``"internal"``). The contiguous manager's ``segments()`` gives the same for a
     contiguous cache, so the two can be drawn on one scale."""
-    filled: dict[int, int] = {}
-    for table in tables:
-        for index, block_id in enumerate(table.block_ids):
-            written = min(block_size, table.num_tokens - index * block_size)
-            filled[block_id] = max(filled.get(block_id, 0), written)
+    filled = written_slots(tables)
     pieces = []
     for block_id in sorted(filled):
         start, written = block_id * block_size, filled[block_id]

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from ... import kernels, viz
+from ..._checks import cdiv
 from ...kernels import decode, prefill, reference, store
 
 # Peak HBM bandwidth in bytes/s of the GPUs we know, matched against torch's device name.
@@ -71,7 +72,7 @@ def check_correctness(device: torch.device, smoke: bool) -> tuple[int, int]:
     gen = torch.Generator().manual_seed(0)
     for (h, hkv), d, bs, dtype in grid:
         lens = [1, bs, bs + 1, 3 * bs + 5] if smoke else [1, bs, bs + 1, 700, 2000]
-        max_blocks = -(-max(lens) // bs)
+        max_blocks = cdiv(max(lens), bs)
         num_blocks = len(lens) * max_blocks
         kc = torch.randn(num_blocks, bs, hkv, d, generator=gen).to(dtype).to(device)
         vc = torch.randn(num_blocks, bs, hkv, d, generator=gen).to(dtype).to(device)
