@@ -1,7 +1,6 @@
 """The folders are the layers: an AST walk of every import keeps the dependency rule true.
 
-    memory  <-  engine  <-  {baselines, experiments, viz, cli}
-    kernels <-  memory, engine
+    kernels <- memory <- engine <- baselines <- experiments <- viz <- cli
 
 ``kernels`` knows only tensors; ``memory`` and ``engine`` never import the apparatus around them
 (baselines, experiments, pictures, commands). Two private helper modules at the top

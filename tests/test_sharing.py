@@ -286,7 +286,7 @@ def test_a_contiguous_cache_serves_n_samples_unshared_with_the_same_tokens(model
         tokenizer=tokenizer,
         num_kv_blocks=100,
         block_size=8,
-        cache_manager=contiguous_cache("oracle"),
+        cache_manager_factory=contiguous_cache("oracle"),
     )
     assert not contiguous.llm_engine.cache_manager.supports_fork
     shared = paged.generate([5, 6, 7, 8], params, use_tqdm=False)[0]

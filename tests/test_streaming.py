@@ -95,3 +95,46 @@ def test_the_public_views_show_a_running_request_and_forget_it_when_done(model_a
     assert engine.request_ids == []
     with pytest.raises(ValueError, match="no unfinished request"):
         engine.sequences("a")
+
+
+def test_text_a_stop_string_could_still_cut_is_never_streamed(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    plain = (
+        LLM(model, tokenizer=tokenizer, num_kv_blocks=32)
+        .generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]
+        .outputs[0]
+    )
+    stop = plain.text[4:7]  # three characters from the middle of the greedy text: it must end there
+    for kind in (RequestOutputKind.CUMULATIVE, RequestOutputKind.DELTA):
+        engine = LLMEngine(model, tokenizer, num_kv_blocks=32)
+        engine.add_request(
+            "a", PROMPTS[0], SamplingParams(temperature=0, max_tokens=12, stop=stop, output_kind=kind)
+        )
+        texts = []
+        while engine.has_unfinished_requests():
+            texts += [o.outputs[0].text for o in engine.step()]
+        final = plain.text[: plain.text.index(stop)]
+        streamed = "".join(texts) if kind is RequestOutputKind.DELTA else texts[-1]
+        assert streamed == final
+        if kind is RequestOutputKind.CUMULATIVE:
+            assert all(final.startswith(t) for t in texts)  # nothing shown is ever taken back
+
+
+def test_each_streamed_output_keeps_its_own_metrics(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    engine = LLMEngine(model, tokenizer, num_kv_blocks=32)
+    engine.add_request(
+        "a", PROMPTS[0], SamplingParams(max_tokens=5, seed=0, output_kind=RequestOutputKind.DELTA)
+    )
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    assert outs[0].metrics is not outs[-1].metrics and outs[0].metrics.finished_time is None
+    assert [o.metrics.num_output_tokens for o in outs] == list(range(1, len(outs) + 1))
+    assert outs[-1].time_per_output_token is not None  # counted over all 5 tokens, not the last delta
+
+
+def test_gpu_memory_utilization_is_checked_even_with_a_block_count(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
+        LLMEngine(model, tokenizer, num_kv_blocks=8, gpu_memory_utilization=5)

@@ -24,7 +24,7 @@ KV_MANAGERS = ("paged", *POLICIES)
 
 
 def contiguous_cache(policy: str, placement: str = "buddy") -> CacheManagerFactory:
-    """A factory for ``LLMEngine(cache_manager=...)`` (or ``LLM``): a contiguous arena holding the
+    """A factory for ``LLMEngine(cache_manager_factory=...)`` (or ``LLM``): a contiguous arena holding the
     same bytes as the paged cache would (``num_blocks * block_size`` token slots)."""
     if policy not in POLICIES:
         raise ValueError(f"kv_manager must be 'paged' or one of {POLICIES}, got {policy!r}")
@@ -53,7 +53,7 @@ def baseline_engine(
     if not isinstance(static_batching, bool):
         raise TypeError(f"static_batching must be a bool, got {static_batching!r}")
     if kv_manager != "paged":
-        engine_kwargs["cache_manager"] = contiguous_cache(kv_manager, placement)
+        engine_kwargs["cache_manager_factory"] = contiguous_cache(kv_manager, placement)
     elif placement not in PLACEMENTS:
         raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
     if static_batching:

@@ -33,6 +33,7 @@ with ``length_penalty=0`` and ``ignore_eos=True`` the two agree.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -195,7 +196,7 @@ class BeamSearchRequest(Request):
         super().__init__(request_id, prompt, prompt_token_ids, [seq], arrival_time)
         self.search = BeamSearch(params, stop_checker.eos_token_ids)
         self.stop_checker = stop_checker
-        self.logprobs = [0.0]  # cumulative, one per live beam
+        self.cum_logprobs = [0.0]  # one per live beam
         self._candidates: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # seq_id -> its best next tokens
 
     @property
@@ -211,7 +212,9 @@ class BeamSearchRequest(Request):
         if self.search.done or not all(self._ready(b) for b in beams):
             return
         chosen = self.search.step(
-            self.logprobs, [self._candidates[b.seq_id] for b in beams], [b.output_token_ids for b in beams]
+            self.cum_logprobs,
+            [self._candidates[b.seq_id] for b in beams],
+            [b.output_token_ids for b in beams],
         )
         self._candidates.clear()
         beams[0].pending_forks = 0  # its seats are the new beams' now
@@ -232,7 +235,7 @@ class BeamSearchRequest(Request):
         for beam, c in zip(new_beams, chosen, strict=True):
             beam.output_token_ids.append(c.token)
         self._mark_first_token(now)  # the first tokens were chosen (or the search ended) now
-        self.seqs, self.logprobs = new_beams, [c.cum_logprob for c in chosen]
+        self.seqs, self.cum_logprobs = new_beams, [c.cum_logprob for c in chosen]
 
     def output(self) -> RequestOutput | None:
         """Once done: one output per best beam, best first (as vLLM's server returns a beam search)."""
@@ -243,7 +246,9 @@ class BeamSearchRequest(Request):
             text = self.stop_checker.decode(h.token_ids)
             outputs.append(CompletionOutput(i, text, list(h.token_ids), h.finish_reason, None, h.cum_logprob))
         self.metrics.finished_time = time.monotonic()
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs, True, self.metrics)
+        self.metrics.num_output_tokens = max((len(o.token_ids) for o in outputs), default=0)
+        metrics = dataclasses.replace(self.metrics)
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs, True, metrics)
 
     def _ready(self, beam: Sequence) -> bool:
         """Its candidates are known and still hold: it has not been preempted to recompute since."""

@@ -8,7 +8,8 @@
 
 ``step()`` returns a :class:`~.outputs.RequestOutput` for every request that produced tokens in that
 step, ``finished=False`` until the step that ends it (vLLM's semantics; what each holds is the
-request's ``SamplingParams.output_kind``). :class:`~.llm.LLM` wraps the engine the way vLLM's
+request's ``SamplingParams.output_kind``; a ``FINAL_ONLY`` request and a beam search report once,
+when they end). An aborted request reports nothing more. :class:`~.llm.LLM` wraps the engine the way vLLM's
 ``LLM`` does.
 
 The engine chooses nothing about memory or batching policy: it is handed a cache-manager factory
@@ -46,7 +47,9 @@ from .sequence import Sequence
 from .stop_checker import StopChecker
 
 #: Builds the cache manager from ``(num_blocks, block_size, max_model_len)``, the budget the engine
-#: sized; the KV tensors then take the manager's own ``num_blocks`` x ``block_size`` geometry.
+#: sized; the KV tensors then take the manager's own ``num_blocks`` x ``block_size`` geometry. The
+#: paged manager's own settings (``watermark``, ``num_cpu_blocks``, ``enable_prefix_caching``) are
+#: the factory's business: the engine passes them only to the default, paged manager.
 CacheManagerFactory = Callable[[int, int, int], KVCacheManager]
 
 
@@ -73,13 +76,15 @@ class LLMEngine:
         watermark: float = 0.01,
         enable_prefix_caching: bool = True,
         seed: int = 0,
-        cache_manager: CacheManagerFactory | None = None,
+        cache_manager_factory: CacheManagerFactory | None = None,
         scheduling_policy: SchedulingPolicy | None = None,
     ) -> None:
         check_positive_int("block_size", block_size)
-        if cache_manager is not None and not callable(cache_manager):
+        if not isinstance(gpu_memory_utilization, (int, float)) or not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+        if cache_manager_factory is not None and not callable(cache_manager_factory):
             raise TypeError(
-                f"cache_manager must be a factory (a callable), got {type(cache_manager).__name__}"
+                f"cache_manager_factory must be a callable, got {type(cache_manager_factory).__name__}"
             )
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model, self.tokenizer = resolve_model(model, tokenizer, dtype, device)
@@ -93,7 +98,7 @@ class LLMEngine:
                 "kv_cache_memory", default if kv_cache_memory is None else kv_cache_memory, minimum=1
             )
             num_blocks = self.spec.num_blocks_for_budget(memory, block_size)
-        if cache_manager is None:
+        if cache_manager_factory is None:
             cpu_blocks = (
                 num_blocks if num_cpu_blocks is None and preemption_mode == "swap" else num_cpu_blocks
             )
@@ -101,7 +106,7 @@ class LLMEngine:
                 num_blocks, block_size, watermark, cpu_blocks or 0, enable_prefix_caching
             )
         else:
-            self.cache_manager = cache_manager(num_blocks, block_size, self.max_model_len)
+            self.cache_manager = cache_manager_factory(num_blocks, block_size, self.max_model_len)
         manager = self.cache_manager
         self.kv_cache = KVCache(self.spec, manager.num_blocks, manager.block_size, device)
         self.cpu_cache = (
@@ -218,8 +223,9 @@ class LLMEngine:
         return list(self._requests)
 
     def sequences(self, request_id: str) -> tuple[Sequence, ...]:
-        """The live sequences of a request (its samples, or its current beams): read them, do not
-        change them. ``cache_manager.block_table(seq.seq_id)`` gives each one's pages."""
+        """The sequences of an unfinished request (all its samples, finished ones included, or its
+        current beams): read them, do not change them. ``cache_manager.block_table(seq.seq_id)``
+        gives each one's pages."""
         if request_id not in self._requests:
             raise ValueError(f"no unfinished request with id {request_id!r}")
         return tuple(self._requests[request_id].seqs)
@@ -235,9 +241,9 @@ class LLMEngine:
         out = self.scheduler.schedule()
         scheduled_at = time.perf_counter()
         logits = self._execute(out)
-        drawn = self._sample(out, logits)
+        sampled = self._sample(out, logits)
         self.scheduler.after_step(out.scheduled)  # the step's K/V are in the cache from here on
-        outputs = self._postprocess(drawn)
+        outputs = self._postprocess(sampled)
         if out.is_empty and self.scheduler.has_unfinished() and not (out.preempted or out.swap_in):
             raise RuntimeError(
                 "the scheduler made no progress: no sequence could be scheduled"
@@ -272,12 +278,12 @@ class LLMEngine:
         self, out: SchedulerOutput, logits: torch.Tensor | None
     ) -> dict[str, list[tuple[Sequence, int]]]:
         """Each request's drawers and their tokens, one batched sampler call for the whole step."""
-        touched: dict[str, list[tuple[Sequence, int]]] = {}
+        sampled: dict[str, list[tuple[Sequence, int]]] = {}
         rows: list[int] = []
         drawers: list[Sequence] = []
         for row, seq in enumerate(s.seq for s in out.scheduled if s.needs_logits):
             assert logits is not None
-            touched.setdefault(seq.request_id, [])
+            sampled.setdefault(seq.request_id, [])
             for drawer in self._requests[seq.request_id].drawers(seq, logits[row], self.pool):
                 rows.append(row)
                 drawers.append(drawer)
@@ -288,15 +294,18 @@ class LLMEngine:
                 [self.stop_checker.banned(s) for s in drawers],
             )  # fmt: skip
             for seq, token in zip(drawers, tokens, strict=True):
-                touched[seq.request_id].append((seq, token))
-        return touched
+                sampled[seq.request_id].append((seq, token))
+        return sampled
 
-    def _postprocess(self, drawn: dict[str, list[tuple[Sequence, int]]]) -> list[RequestOutput]:
-        """Apply each request's tokens; report the requests that moved on; forget the finished."""
+    def _postprocess(self, sampled: dict[str, list[tuple[Sequence, int]]]) -> list[RequestOutput]:
+        """Apply each request's tokens; report the requests that moved on; forget the finished.
+
+        Every request is asked, not only those that sampled: a beam search may become ready to
+        advance in a step that computed none of its beams (one swapped back in, say)."""
         now = time.monotonic()
         outputs = []
-        for request_id, tokens in drawn.items():
-            request = self._requests[request_id]
+        for request_id, request in list(self._requests.items()):
+            tokens = sampled.get(request_id, [])
             request.postprocess(tokens, now, self.pool)
             output = request.output() if tokens or request.finished else None
             if output is not None:

@@ -4,7 +4,8 @@
 that produced tokens in that step, with ``finished=False`` until the step that ends it. What each
 output holds is the request's ``SamplingParams.output_kind``: everything so far (``CUMULATIVE``,
 the default), only this step's tokens (``DELTA``), or nothing until the end (``FINAL_ONLY``, what
-``LLM.generate`` asks for).
+``LLM.generate`` asks for; a beam search, too, reports only when it ends). Text that a stop string
+could still cut is held back until it cannot. Each output carries its own copy of the metrics.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class RequestMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
     num_preemptions: int = 0
+    num_output_tokens: int = 0  # so far (a DELTA output holds only this step's)
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -60,7 +62,7 @@ class RequestOutput:
 
     @property
     def time_per_output_token(self) -> float | None:
-        return self.metrics.time_per_output_token(max((len(o.token_ids) for o in self.outputs), default=0))
+        return self.metrics.time_per_output_token(self.metrics.num_output_tokens)
 
 
 @dataclass

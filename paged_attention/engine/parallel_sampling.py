@@ -17,6 +17,7 @@ sequences from the start, with the same outputs.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -81,7 +82,7 @@ class SamplingRequest(Request):
         for seq in self.seqs:
             text, tokens = self.stop_checker.text(seq), list(seq.output_token_ids)
             if not seq.is_finished:
-                text = text.rstrip("\ufffd")  # hold back half a UTF-8 character until it is whole
+                text = self.stop_checker.stable_text(seq, text)
             if kind is RequestOutputKind.DELTA:
                 sent_tokens, sent_chars = self._reported.get(seq.seq_id, (0, 0))
                 self._reported[seq.seq_id] = (len(tokens), len(text))
@@ -92,4 +93,12 @@ class SamplingRequest(Request):
         if finished:
             metrics.finished_time = max((s.finish_time or 0.0) for s in self.seqs) or time.monotonic()
         metrics.num_preemptions = sum(s.num_preemptions for s in self.seqs)
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs, finished, metrics)
+        metrics.num_output_tokens = max(len(s.output_token_ids) for s in self.seqs)
+        return RequestOutput(
+            self.request_id,
+            self.prompt,
+            self.prompt_token_ids,
+            outputs,
+            finished,
+            dataclasses.replace(metrics),  # each output keeps the metrics of its own step
+        )

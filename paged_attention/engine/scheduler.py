@@ -94,7 +94,8 @@ class SchedulerOutput:
 
 
 class SchedulingPolicy:
-    """Continuous batching's two choices, as hooks a baseline (or a student) may override.
+    """Continuous batching's two choices, who may join and who steps back, as hooks a baseline (or a
+    student) may override. A policy may keep state: give each scheduler its own instance.
 
     * :meth:`opens_admission` is asked once per step, before anyone waiting is admitted: may the
       queue be admitted from at all this step? :meth:`may_admit` is then asked for the sequence at
@@ -152,10 +153,7 @@ class Scheduler:
     # -- queues ---------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         if not self.cache.fits_at_all(seq):
-            raise ValueError(
-                f"request {seq.request_id!r} needs up to {seq.max_total_tokens} tokens of KV cache "
-                "(prompt + max_tokens), more than the cache can give one sequence"
-            )
+            raise ValueError(f"request {seq.request_id!r} can never fit: {self.cache.unfit_reason(seq)}")
         if seq.num_seats > self.max_num_seqs:
             raise ValueError(
                 f"request {seq.request_id!r} will run {seq.num_seats} sequences at once "

@@ -1,8 +1,8 @@
 """A sequence: one prompt and the tokens generated for it so far, plus where it is in its life.
 
 A request starts as one sequence. With ``n`` samples (or a beam search) it *forks* into more after
-its prompt is computed: the children share the parent's KV blocks (see :mod:`.page_table`). Each
-sequence moves through
+its prompt is computed: the children share the parent's KV blocks (see
+:mod:`paged_attention.memory.page_table`). Each sequence moves through
 
     WAITING --admitted--> RUNNING --finished--> FINISHED (stop token | length | stop string | aborted)
                   ^            |

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 
 class StopChecker:
-    """Applies the stop rules above; also turns a sequence's tokens into text."""
+    """Applies the stop rules above; also turns a sequence's tokens into text (vLLM keeps that in a
+    detokenizer of its own; here the stop strings need the text, so both live together)."""
 
     def __init__(
         self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: Collection[int], max_model_len: int
@@ -45,6 +46,14 @@ class StopChecker:
         if seq.stop_reason in seq.params.stop_strings:
             return seq.output_text
         return self.decode(seq.output_token_ids, seq.params.skip_special_tokens)
+
+    def stable_text(self, seq: Sequence, text: str) -> str:
+        """What of an unfinished sequence's ``text`` may be streamed: without a trailing half UTF-8
+        character, and without the last ``len(stop) - 1`` characters, which a stop string still to
+        be completed by the next tokens could cut (vLLM's stop buffer)."""
+        hold = max((len(s) for s in seq.params.stop_strings), default=1) - 1
+        text = text[: len(text) - hold] if hold else text
+        return text.rstrip("\ufffd")
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)

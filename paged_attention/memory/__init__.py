@@ -8,6 +8,6 @@
     paged_manager  the paged implementation (watermark, fork, swap, prefix caching)
     accounting     memory reports: tokens, reserved, fragmentation, free
 
-Nothing here knows about sampling, scheduling or models: a sequence is seen only through the
-:class:`~.manager.CachedSequence` protocol.
+Nothing here knows about sampling or scheduling (a model's config only to size the KV cache): a
+sequence is seen only through the :class:`~.manager.CachedSequence` protocol.
 """
