@@ -521,7 +521,7 @@ def test_memory_reports_during_a_contiguous_run_are_consistent():
 # -- static batching --------------------------------------------------------------------------------
 def test_static_batch_admits_no_one_until_its_last_member_ends():
     cache = ContiguousKVCacheManager(40, 40, "oracle", "first-fit")
-    scheduler = Scheduler(cache, policy=StaticBatching())
+    scheduler = Scheduler(cache, scheduling_policy=StaticBatching())
     scheduler.add(seq(0, 10, 6))  # slots 0..15
     scheduler.add(seq(1, 10, 2))  # slots 16..27
     scheduler.add(seq(2, 14, 2))  # 16 slots: only 12 are left, so the batch is {0, 1}
@@ -548,7 +548,9 @@ def test_continuous_batching_admits_as_soon_as_memory_frees():
 
 
 def test_a_static_batch_stays_open_only_while_the_token_budget_stopped_it():
-    scheduler = Scheduler(PagedKVCacheManager(64, 4), max_num_batched_tokens=32, policy=StaticBatching())
+    scheduler = Scheduler(
+        PagedKVCacheManager(64, 4), max_num_batched_tokens=32, scheduling_policy=StaticBatching()
+    )
     scheduler.add(seq(0, 32, 5))
     scheduler.add(seq(1, 30, 5))
     assert ids(step(scheduler)) == [(0, 32)]  # the budget is spent: 1 waits, the batch stays open
@@ -560,7 +562,7 @@ def test_a_static_batch_stays_open_only_while_the_token_budget_stopped_it():
 
 def test_a_static_batch_closed_by_memory_stays_closed():
     cache = PagedKVCacheManager(10, 4, watermark=0.0)
-    scheduler = Scheduler(cache, max_num_batched_tokens=100, policy=StaticBatching())
+    scheduler = Scheduler(cache, max_num_batched_tokens=100, scheduling_policy=StaticBatching())
     scheduler.add(seq(0, 8, 2))  # 2 blocks, ends after 2 steps
     scheduler.add(seq(1, 20, 12))  # 5 blocks prefill
     scheduler.add(seq(2, 13, 2))  # 4 blocks: does not fit beside the 7 taken
@@ -571,7 +573,9 @@ def test_a_static_batch_closed_by_memory_stays_closed():
 
 
 def test_a_late_arrival_does_not_join_a_static_batch_that_is_still_filling():
-    scheduler = Scheduler(PagedKVCacheManager(64, 4), max_num_batched_tokens=32, policy=StaticBatching())
+    scheduler = Scheduler(
+        PagedKVCacheManager(64, 4), max_num_batched_tokens=32, scheduling_policy=StaticBatching()
+    )
     scheduler.add(seq(0, 32, 5))
     scheduler.add(seq(1, 30, 5))
     step(scheduler)
@@ -583,7 +587,7 @@ def test_a_late_arrival_does_not_join_a_static_batch_that_is_still_filling():
 def test_static_and_continuous_agree_on_equal_requests():
     trace = fixed_trace(12, 20, 30)
     for make in (lambda: ContiguousKVCacheManager(1024, 256, "max"), lambda: PagedKVCacheManager(64, 16)):
-        static = run_trace(trace, make(), policy=StaticBatching())
+        static = run_trace(trace, make(), scheduling_policy=StaticBatching())
         continuous = run_trace(trace, make())
         assert static.finish_step == continuous.finish_step
         assert len(static.steps) == len(continuous.steps)
@@ -592,7 +596,7 @@ def test_static_and_continuous_agree_on_equal_requests():
 def test_static_batching_waits_for_the_longest_member():
     trace = [TraceRequest(20, 5 + 10 * (i % 3)) for i in range(12)]  # outputs 5, 15, 25
     make = lambda: ContiguousKVCacheManager(1024, 256, "max")  # noqa: E731  four at a time
-    static = run_trace(trace, make(), policy=StaticBatching())
+    static = run_trace(trace, make(), scheduling_policy=StaticBatching())
     continuous = run_trace(trace, make())
     assert static.peak_running == continuous.peak_running == 4
     assert len(static.steps) > len(continuous.steps)
@@ -605,7 +609,7 @@ def test_a_static_batch_never_grows_while_it_runs(seed, rate):
     trace = synthetic_trace("alpaca", 40, request_rate=rate, seed=seed)  # arrival times count steps
     trace = [r for r in trace if r.total_len <= 300]
     cache = PagedKVCacheManager(24, 16)
-    result = run_trace(trace, cache, policy=StaticBatching(), max_num_batched_tokens=100_000)
+    result = run_trace(trace, cache, scheduling_policy=StaticBatching(), max_num_batched_tokens=100_000)
     assert sorted(result.finish_step) == list(range(len(trace)))
     for before, after in itertools.pairwise(result.steps):
         if before.num_running:  # a batch is running: no one may join it

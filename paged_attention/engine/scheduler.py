@@ -124,27 +124,29 @@ class Scheduler:
 
     def __init__(
         self,
-        cache: KVCacheManager,
+        cache_manager: KVCacheManager,
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 2048,
         preemption_mode: str = "recompute",
-        policy: SchedulingPolicy | None = None,
+        scheduling_policy: SchedulingPolicy | None = None,
     ) -> None:
         check_positive_int("max_num_seqs", max_num_seqs)
         check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
-        if preemption_mode == "swap" and not cache.num_cpu_blocks:
+        if preemption_mode == "swap" and not cache_manager.num_cpu_blocks:
             raise ValueError(
                 "preemption_mode='swap' needs a cache manager with CPU blocks (num_cpu_blocks > 0)"
             )
-        if policy is not None and not isinstance(policy, SchedulingPolicy):
-            raise TypeError(f"policy must be a SchedulingPolicy, got {type(policy).__name__}")
-        self.cache = cache
+        if scheduling_policy is not None and not isinstance(scheduling_policy, SchedulingPolicy):
+            raise TypeError(
+                f"scheduling_policy must be a SchedulingPolicy, got {type(scheduling_policy).__name__}"
+            )
+        self.cache_manager = cache_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.preemption_mode = preemption_mode
-        self.policy = policy or SchedulingPolicy()
+        self.scheduling_policy = scheduling_policy or SchedulingPolicy()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in arrival order: the last one is the next victim
         self.swapped: deque[Sequence] = deque()
@@ -152,8 +154,10 @@ class Scheduler:
 
     # -- queues ---------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
-        if not self.cache.fits_at_all(seq):
-            raise ValueError(f"request {seq.request_id!r} can never fit: {self.cache.unfit_reason(seq)}")
+        if not self.cache_manager.fits_at_all(seq):
+            raise ValueError(
+                f"request {seq.request_id!r} can never fit: {self.cache_manager.unfit_reason(seq)}"
+            )
         if seq.num_seats > self.max_num_seqs:
             raise ValueError(
                 f"request {seq.request_id!r} will run {seq.num_seats} sequences at once "
@@ -176,7 +180,7 @@ class Scheduler:
                 queue.remove(seq)
         if seq in self.running:
             self.running.remove(seq)
-        self.cache.free(seq.seq_id)
+        self.cache_manager.free(seq.seq_id)
 
     # -- one step -------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -187,9 +191,9 @@ class Scheduler:
         if not out.preempted:
             self._swap_in(out)
             budget = self._schedule_swapped_in(out, budget)
-        admission = self.policy.opens_admission(self.running, self.waiting)
+        admission = self.scheduling_policy.opens_admission(self.running, self.waiting)
         if not out.preempted and not self.swapped and admission:
-            self.policy.admission_ended(self._admit_waiting(out, budget))
+            self.scheduling_policy.admission_ended(self._admit_waiting(out, budget))
         if out.is_empty and not (out.preempted or out.swap_in) and (self.waiting or self.swapped):
             # Nothing could run: parked beams must be holding the memory that the rest need.
             parked = [s for s in self.running if s.num_uncomputed_tokens == 0]
@@ -205,13 +209,13 @@ class Scheduler:
             if n == 0:  # parked: a beam waiting for its siblings
                 index += 1
                 continue
-            allocation = self.cache.allocate_slots(seq, n)
+            allocation = self.cache_manager.allocate_slots(seq, n)
             while allocation is None:
-                victim = self.policy.victim(self.running)
+                victim = self.scheduling_policy.victim(self.running)
                 self._preempt(victim, out)
                 if victim is seq:
                     break
-                allocation = self.cache.allocate_slots(seq, n)
+                allocation = self.cache_manager.allocate_slots(seq, n)
             if allocation is None:
                 break  # seq itself stepped back; everyone after it was preempted already
             out.block_copies += allocation.copies
@@ -225,13 +229,13 @@ class Scheduler:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted.append(seq)
-        cache = self.cache
-        if self.preemption_mode == "swap" and not recompute and cache.can_swap_out(seq.seq_id):
-            out.swap_out += cache.swap_out(seq.seq_id)
+        cache_manager = self.cache_manager
+        if self.preemption_mode == "swap" and not recompute and cache_manager.can_swap_out(seq.seq_id):
+            out.swap_out += cache_manager.swap_out(seq.seq_id)
             seq.status = SequenceStatus.SWAPPED
             self.swapped.append(seq)
             return
-        cache.free(seq.seq_id)
+        cache_manager.free(seq.seq_id)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.PREEMPTED
         # Back to the front of the queue, but behind any older preempted sequence, so that the
@@ -242,13 +246,13 @@ class Scheduler:
         self.waiting.insert(index, seq)
 
     def _swap_in(self, out: SchedulerOutput) -> None:
-        cache = self.cache
+        cache_manager = self.cache_manager
         while self.swapped and self._seats_in_use() + self.swapped[0].num_seats <= self.max_num_seqs:
             seq = self.swapped[0]
-            if not cache.can_swap_in(seq.seq_id):
+            if not cache_manager.can_swap_in(seq.seq_id):
                 return
             self.swapped.popleft()
-            out.swap_in += cache.swap_in(seq.seq_id)
+            out.swap_in += cache_manager.swap_in(seq.seq_id)
             self._run(seq)
 
     def _schedule_swapped_in(self, out: SchedulerOutput, budget: int) -> int:
@@ -258,7 +262,7 @@ class Scheduler:
             if seq.seq_id in scheduled or budget <= 0 or seq.num_uncomputed_tokens == 0:
                 continue
             n = min(seq.num_uncomputed_tokens, budget)
-            allocation = self.cache.allocate_slots(seq, n)
+            allocation = self.cache_manager.allocate_slots(seq, n)
             if allocation is None:
                 continue  # it runs next step (a smaller one behind it may still fit now)
             out.block_copies += allocation.copies
@@ -271,11 +275,15 @@ class Scheduler:
         seats = self._seats_in_use()
         while self.waiting and budget > 0 and seats + self.waiting[0].num_seats <= self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.policy.may_admit(seq):
+            if not self.scheduling_policy.may_admit(seq):
                 return False
-            seq.num_computed_tokens = self.cache.lookup_prefix(seq)  # a prefix-cache hit is computed already
+            seq.num_computed_tokens = self.cache_manager.lookup_prefix(
+                seq
+            )  # a prefix-cache hit is computed already
             n = min(seq.num_uncomputed_tokens, budget)
-            allocation = self.cache.allocate_slots(seq, n) if self.cache.can_admit(seq, n) else None
+            allocation = (
+                self.cache_manager.allocate_slots(seq, n) if self.cache_manager.can_admit(seq, n) else None
+            )
             if allocation is None:
                 seq.num_computed_tokens = 0
                 return False

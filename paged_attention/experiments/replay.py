@@ -95,12 +95,12 @@ class TraceResult:
 
 def run_trace(
     trace: list[TraceRequest] | tuple[TraceRequest, ...],
-    cache: KVCacheManager,
+    cache_manager: KVCacheManager,
     *,
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 2048,
     preemption_mode: str = "recompute",
-    policy: SchedulingPolicy | None = None,
+    scheduling_policy: SchedulingPolicy | None = None,
     step_time: StepTime | None = None,
     report_every: int = 1,
     max_steps: int = 1_000_000,
@@ -112,9 +112,11 @@ def run_trace(
     ``report_every`` records the full memory report every that many steps (0: never).
     ``until`` stops the run once the clock reaches it, leaving the cache as it is then (for
     snapshots); unfinished requests have no finish time. ``progress`` shows a progress bar.
-    ``policy``: continuous batching by default; ``StaticBatching()`` for the baseline.
+    ``scheduling_policy``: continuous batching by default; ``StaticBatching()`` for the baseline.
     """
-    scheduler = Scheduler(cache, max_num_seqs, max_num_batched_tokens, preemption_mode, policy)
+    scheduler = Scheduler(
+        cache_manager, max_num_seqs, max_num_batched_tokens, preemption_mode, scheduling_policy
+    )
     pending = sorted(range(len(trace)), key=lambda i: (trace[i].arrival_time, i))
     sequences: dict[int, Sequence] = {}
     result = TraceResult()
@@ -157,11 +159,11 @@ def run_trace(
                     result.finish_step[seq.seq_id] = step
                     result.finish_time[seq.seq_id] = (now + duration) if step_time is not None else step + 1
                     finished += 1
-        report = cache.memory_report() if report_every > 0 and step % report_every == 0 else None
+        report = cache_manager.memory_report() if report_every > 0 and step % report_every == 0 else None
         result.steps.append(
             StepRecord(
                 step, len(scheduler.running), len(scheduler.waiting), len(scheduler.swapped), out.num_tokens,
-                len(out.preempted), finished, getattr(cache, "num_free_blocks", 0),
+                len(out.preempted), finished, cache_manager.num_free_blocks,
                 -1 if report is None else report.token_slots, now, duration, report,
             )
         )  # fmt: skip
