@@ -56,9 +56,9 @@ class BuddyAllocator:
     """Binary buddy allocation with chunks of at most ``max_chunk`` slots (a power of two).
 
     The arena need not be a power of two: it is carved into as many ``max_chunk`` chunks as fit,
-    then the remainder into ever smaller powers of two, each aligned to its own size. With the
-    paper's OPT-13B budget (15,728 slots) and ``max_chunk = 2048`` that is seven 2048-slot chunks
-    plus 1024, 256, 64, 32 and 16: a 2048-token reservation fits exactly seven times.
+    then the remainder into ever smaller powers of two, each aligned to its own size. The paper's
+    OPT-13B budget is 15,728 slots; with ``max_chunk = 2048`` that is seven 2048-slot chunks, then
+    1024 + 256 + 64 + 32 + 16 slots of chunks too small for a 2048-token reservation.
     """
 
     def __init__(self, num_slots: int, max_chunk: int) -> None:

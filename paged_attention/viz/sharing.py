@@ -159,7 +159,7 @@ def prefix_caching_speedup(results: dict[str, dict[str, float]], paper: dict[str
     ax.legend(fontsize=8, frameon=False, loc="upper left")
     ax.spines[["top", "right"]].set_visible(False)
     ax.set_title(
-        title or "A shared few-shot prefix, computed once (the paper's Figure 17 setup)", fontsize=10
+        title or "A shared few-shot prefix, computed once (the paper's Figure 16 setup)", fontsize=10
     )
     fig.tight_layout()
     return fig

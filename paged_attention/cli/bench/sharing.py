@@ -10,7 +10,7 @@ Two experiments through the real engine and the embedded model, on this machine:
   ``saved / (used + saved)`` summed over the run, a time average weighted by memory. The paper
   measures 6.1-9.8% (parallel sampling) and 37.6-55.2% (beam search) on Alpaca with OPT-13B; our
   model is tiny and random, so its beams agree (and share) more than a real model's.
-* **A shared few-shot prefix** (Figure 17's setup). ``--prefix-requests`` prompts start with the
+* **A shared few-shot prefix** (Figure 16's setup). ``--prefix-requests`` prompts start with the
   same 80- or 341-token prefix (the paper's 1-shot and 5-shot examples) followed by a sentence of
   their own, under a KV budget that holds ``--budget-requests`` of them unshared. With prefix
   caching the prefix is computed once and held once: we report the hit rate, the prompt tokens not
@@ -223,7 +223,7 @@ def run_prefix(
             "torch_threads": torch.get_num_threads(),
         },
         "results": results,
-        "paper_speedup_vs_orca_oracle": dict(paper.FIG17_SPEEDUP),
+        "paper_speedup_vs_orca_oracle": dict(paper.FIG16_SPEEDUP),
     }
 
 
@@ -310,6 +310,6 @@ def main(args: list[str] | None = None) -> None:
             f"unshared requests, best of {opts.repeats} runs, torch threads {torch.get_num_threads()}:"
         )
         print(prefix_report_text(prefix))
-        print(f"paper (LLaMA-13B vs Orca (Oracle), A100): 1-shot {paper.FIG17_SPEEDUP['1-shot']}x, "
-              f"5-shot {paper.FIG17_SPEEDUP['5-shot']}x")  # fmt: skip
+        print(f"paper (LLaMA-13B vs Orca (Oracle), A100): 1-shot {paper.FIG16_SPEEDUP['1-shot']}x, "
+              f"5-shot {paper.FIG16_SPEEDUP['5-shot']}x")  # fmt: skip
         write_results("sharing_prefix", prefix, prefix_figure(prefix), opts.out)
