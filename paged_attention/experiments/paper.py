@@ -171,37 +171,6 @@ def cost_model(step_overhead: float = STEP_OVERHEAD) -> CostModel:
     return CostModel.named(PAPER_GPU, PAPER_MODEL, step_overhead=step_overhead)
 
 
-# Figure 2: average share of KV memory per category (percent), ShareGPT trace, during §6.2's run.
-# Categories: token states / reserved for future tokens / internal fragmentation / external
-# fragmentation and others (the paper merges free memory into the last one).
-FIG2 = {
-    "max": (20.4, 13.3, 57.3, 8.9),
-    "pow2": (26.8, 17.9, 13.6, 41.6),
-    "oracle": (38.2, 25.2, 0.0, 36.6),
-    "paged": (96.3, 0.0, 3.7, 0.0),  # "vLLM: 96.3% token states"; the paper splits the rest no further
-}
-FIG2_CATEGORIES = ("token states", "reserved", "internal fragmentation", "external fragmentation + free")
-
-# Figure 13: average number of batched requests, OPT-13B, ShareGPT at 2 req/s.
-FIG13_SHAREGPT_RATE = 2.0
-FIG13 = {"max": 7.00, "pow2": 9.81, "oracle": 13.62, "paged": 30.42}
-
-# Figure 12 (§6.2), in words: on ShareGPT vLLM sustains 1.7x-2.7x higher request rates than Orca
-# (Oracle) and 2.7x-8x higher than Orca (Max) at similar normalized latency.
-FIG12_SHAREGPT = {"oracle": (1.7, 2.7), "max": (2.7, 8.0)}
-
-# Figure 15 (§6.3), in words: sharing blocks saves 6.1%-9.8% of KV memory with parallel sampling and
-# 37.6%-55.2% with beam search (n or beam width 2, 4, 6), OPT-13B on the Alpaca trace.
-FIG15_ALPACA = {"parallel": (6.1, 9.8), "beam": (37.6, 55.2)}
-
-# Figure 17 (§6.4): LLaMA-13B translating WMT16 sentences behind a shared few-shot prompt, a 1-shot
-# prefix of 80 tokens or a 5-shot one of 341; vLLM's throughput is 1.67x and 3.58x Orca (Oracle)'s.
-FIG16_PREFIX_TOKENS = {"1-shot": 80, "5-shot": 341}
-FIG16_SPEEDUP = {"1-shot": 1.67, "5-shot": 3.58}
-
-# §7.2, Figure 18b: the best block sizes.
-BEST_BLOCK_SIZES = {"sharegpt": (16, 128), "alpaca": (16, 32)}
-
 MANAGERS = ("max", "pow2", "oracle", "paged")
 LABELS = {
     "max": "Orca (Max)",
