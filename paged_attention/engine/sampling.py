@@ -9,8 +9,10 @@ Reproducibility is per request, not per batch: a request with a ``seed`` owns a
 Which other requests share the batch, how the scheduler packs them, and whether the request was
 preempted and recomputed change nothing about its random draws. With ``n`` samples, sample ``i``
 draws from its own generator seeded ``seed + i``, so it equals a lone request with seed ``seed + i``
-(the samples share their prompt's KV blocks, which changes memory, not tokens). (Requests without
-a seed draw from one engine-wide generator, so they are reproducible only as a whole run.)
+(the samples share their prompt's KV blocks, which changes memory, not tokens). Requests without
+a seed draw from one engine-wide generator seeded by ``LLMEngine(seed=0)``, so they are reproducible
+only as a whole run. (vLLM v1 also seeds its global generator with 0 by default; v0 left it unseeded,
+so its unseeded samples differed from run to run.)
 
 One caveat belongs to floating point, not to this design: a batch of another shape rounds the
 model's matrix products differently (in float32, about one part in a million), and a sampled token

@@ -1,8 +1,9 @@
 """The paged KV-cache manager: the block allocator plus one page table per sequence.
 
-It implements :class:`~.manager.KVCacheManager`. Four details come from the paper and vLLM v0
-(vLLM v1 keeps only the last: it has no swap preemption and no fork or copy-on-write, and its
-parallel samples and beams share memory through the prefix cache alone):
+It implements :class:`~.manager.KVCacheManager`. Three details come from the paper and vLLM v0,
+and one from later vLLM. vLLM v1 has no swap preemption and no fork or copy-on-write (its parallel
+samples and beams are separate requests that share memory through the prefix cache alone), and
+its watermark, added recently, is off by default:
 
 * **A watermark** (v0's ``BlockSpaceManager(watermark=0.01)``). New sequences are admitted only
   while more than ``watermark`` (1%) of the blocks would stay free, so that the sequences already
@@ -14,7 +15,8 @@ parallel samples and beams share memory through the prefix cache alone):
 * **Forking.** ``fork`` gives a new sequence (a parallel sample, a beam) the parent's page table:
   the same physical blocks, each with one more owner. Memory is copied only when a shared, partly
   filled block is written (copy-on-write, :mod:`.page_table`).
-* **Automatic prefix caching** (``enable_prefix_caching``, v1's way of sharing). Every block that
+* **Automatic prefix caching** (``enable_prefix_caching``; not the paper's, whose shared prefixes
+  were predefined by the service and reserved in advance, §4.4; on by default in v1). Every block that
   fills up is entered in the allocator's hash-to-block map (:mod:`.prefix_cache`); a sequence
   being admitted starts with the blocks of its longest cached prefix and computes only the rest.
   The last token is always computed again, even if its block is cached, because its logits
