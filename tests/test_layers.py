@@ -1,6 +1,7 @@
 """The folders are the layers: an AST walk of every import keeps the dependency rule true.
 
     kernels <- memory <- engine <- baselines <- experiments <- viz <- cli
+                                                          experiments <- lab <- cli
 
 ``kernels`` knows only tensors; ``memory`` and ``engine`` never import the apparatus around them
 (baselines, experiments, pictures, commands). Two private helper modules at the top
@@ -24,7 +25,8 @@ ALLOWED = {
     "baselines": {"baselines", "engine", "memory", "kernels"},
     "experiments": {"experiments", "baselines", "engine", "memory", "kernels"},
     "viz": {"viz", "experiments", "baselines", "engine", "memory", "kernels"},
-    "cli": {"cli", "viz", "experiments", "baselines", "engine", "memory", "kernels"},
+    "lab": {"lab", "experiments", "baselines", "engine", "memory", "kernels"},
+    "cli": {"cli", "lab", "viz", "experiments", "baselines", "engine", "memory", "kernels"},
 }
 
 

@@ -7,6 +7,7 @@
   (``fragmentation``, ``capacity``, ``throughput``, ``latency``, ``block-size``, ``sharing``), each writing
   ``figures/<name>.png`` and the JSON behind it; each measures side by side.
 * ``figures``: regenerate every figure under ``figures/`` by running the notebooks that draw them.
+* ``lab``: the course lab: ``list`` the exercises, ``build`` the student notebooks, ``grade`` them.
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     figures = sub.add_parser("figures", help="regenerate figures/ from the notebooks")
     figures.add_argument("--timeout", type=int, default=600, help="seconds allowed per notebook")
     figures.add_argument("--notebooks-only", action="store_true", help="skip the experiments (bench ...)")
+    sub.add_parser("lab", help="course lab: list, build, grade", add_help=False)
     opts, rest = parser.parse_known_args(argv)
-    if rest and opts.command != "bench":  # bench passes the rest to the benchmark's own parser
+    if rest and opts.command not in ("bench", "lab"):  # bench passes the rest to the benchmark's own parser
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     if opts.command == "demo":
@@ -94,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
 
         module = importlib.import_module(f".bench.{opts.name.replace('-', '_')}", __package__)
         module.main(rest)
+    elif opts.command == "lab":
+        from .lab import main as lab_main
+
+        return lab_main(rest)
     elif opts.command == "figures":
         from .figures import regenerate_figures
 

@@ -100,6 +100,7 @@ class SchedulingPolicy:
     * :meth:`opens_admission` is asked once per step, before anyone waiting is admitted: may the
       queue be admitted from at all this step? :meth:`may_admit` is then asked for the sequence at
       the head of the queue; admission stops at the first "no" (first come, first served).
+      :meth:`admits` then says whether memory allows it (the cache manager's rule by default).
       :meth:`admission_ended` hears whether only the token budget stopped admission.
     * :meth:`victim` picks whom to preempt when memory runs out: the latest arrival, so that the
       oldest sequence always makes progress (the no-deadlock argument above relies on it).
@@ -110,6 +111,12 @@ class SchedulingPolicy:
 
     def may_admit(self, seq: Sequence) -> bool:
         return True
+
+    def admits(self, seq: Sequence, num_new_tokens: int, cache_manager: KVCacheManager) -> bool:
+        """Memory admission: may ``seq`` start now with ``num_new_tokens`` tokens (after its first
+        ``seq.num_computed_tokens``, a prefix-cache hit)? The manager's own rule by default: for the
+        paged manager, the blocks it needs must leave ``watermark_blocks`` free."""
+        return cache_manager.can_admit(seq, num_new_tokens)
 
     def admission_ended(self, stopped_by_budget: bool) -> None:
         return None
@@ -282,7 +289,9 @@ class Scheduler:
             )  # a prefix-cache hit is computed already
             n = min(seq.num_uncomputed_tokens, budget)
             allocation = (
-                self.cache_manager.allocate_slots(seq, n) if self.cache_manager.can_admit(seq, n) else None
+                self.cache_manager.allocate_slots(seq, n)
+                if self.scheduling_policy.admits(seq, n, self.cache_manager)
+                else None
             )
             if allocation is None:
                 seq.num_computed_tokens = 0

@@ -1,0 +1,173 @@
+"""The course lab: the checks tell right from wrong, the student build strips answers (and refuses
+notebooks it cannot strip safely), the grader grades cell text on its own."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paged_attention.lab import EXERCISES
+from paged_attention.lab.checking import CheckFailed, run
+from paged_attention.lab.grader import grade_cell, junit_xml, table
+from paged_attention.lab.notebook import LabError, student_notebook
+from tests.lab_answers import kernels, memory, serving
+
+# For every exercise: answers written apart from the notebooks, one right (written differently from
+# the notebook's solution) and plausible wrong ones a student might write.
+ANSWERS = {
+    "01.kv_bytes": (memory.kv_bytes_right, [memory.kv_bytes_wrong]),
+    "02.free_queue": (memory.FreeQueueRight, [memory.FreeQueueList, memory.FreeQueueStack]),
+    "02.slot_mapping": (
+        memory.slot_mapping_right,
+        [memory.slot_mapping_off_by_one, memory.slot_mapping_logical],
+    ),
+    "02.copy_on_write": (
+        memory.copy_on_write_right,
+        [memory.copy_on_write_keeps_reference, memory.copy_on_write_full_blocks_too],
+    ),
+    "03.online_softmax": (kernels.online_right, [kernels.online_no_rescale]),
+    "03.block_table": (kernels.scores_right, [kernels.scores_logical, kernels.scores_unmasked]),
+    "03.split_k_merge": (kernels.merge_right, [kernels.merge_ignores_max]),
+    "04.scheduling_policy": (
+        serving.PolicyRight,
+        [serving.PolicyOldestVictim, serving.PolicyNoWatermark, serving.PolicyFloor],
+    ),
+    "06.first_fit": (serving.FirstFitRight, [serving.FirstFitNoMerge]),
+    "08.block_hashes": (memory.block_hashes_right, [memory.block_hashes_unchained]),
+}
+
+
+def test_every_exercise_has_answers_here() -> None:
+    assert set(ANSWERS) == set(EXERCISES)
+
+
+@pytest.mark.parametrize("exercise_id", sorted(ANSWERS))
+def test_a_right_answer_passes(exercise_id: str) -> None:
+    right, _ = ANSWERS[exercise_id]
+    assert run(exercise_id, right, thorough=True) > 0
+
+
+@pytest.mark.parametrize(
+    "exercise_id, wrong",
+    [(e, w) for e, (_, wrongs) in sorted(ANSWERS.items()) for w in wrongs],
+    ids=lambda x: getattr(x, "__name__", x),
+)
+def test_a_wrong_answer_fails(exercise_id: str, wrong: object) -> None:
+    with pytest.raises(CheckFailed):
+        run(exercise_id, wrong)
+
+
+def test_check_names_the_objects_it_takes() -> None:
+    with pytest.raises(TypeError, match="takes 1 object"):
+        run("01.kv_bytes")
+    with pytest.raises(ValueError, match="exercise_id must be one of"):
+        run("99.nothing", memory.kv_bytes_right)
+
+
+def cell(source: str, tags: list[str] | None = None, kind: str = "code") -> dict:
+    out = {"cell_type": kind, "metadata": {"tags": tags or []}, "source": source}
+    if kind == "code":
+        out.update(outputs=[{"output_type": "stream", "name": "stdout", "text": "secret"}], execution_count=3)
+    return out
+
+
+SOLVED = """def kv_bytes_per_token(num_layers, num_kv_heads, head_dim, bytes_per_value):
+    \"\"\"Bytes of one token's K and V in every layer.\"\"\"
+    ### BEGIN SOLUTION
+    return 2 * num_layers * num_kv_heads * head_dim * bytes_per_value
+    ### END SOLUTION
+"""
+
+
+def notebook(*cells: dict) -> dict:
+    return {"cells": list(cells), "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def test_the_student_build_strips_the_answer_and_keeps_the_rest() -> None:
+    nb = notebook(cell(SOLVED, ["lab:01.kv_bytes"]), cell('check("01.kv_bytes", kv_bytes_per_token)'))
+    student = student_notebook(nb, "x.ipynb")
+    text = student["cells"][0]["source"]
+    assert "return 2 *" not in text and "### BEGIN" not in text
+    assert '    raise NotImplementedError("Exercise 01.kv_bytes: ' in text
+    assert text.startswith("def kv_bytes_per_token(") and '"""Bytes of one token' in text
+    assert all(c["outputs"] == [] and c["execution_count"] is None for c in student["cells"])
+    assert all("raises-exception" in c["metadata"]["tags"] for c in student["cells"])
+    assert nb["cells"][0]["source"] == SOLVED  # the instructor's notebook is untouched
+    assert grade_cell(EXERCISES["01.kv_bytes"], text).status == "unfinished"
+    assert grade_cell(EXERCISES["01.kv_bytes"], SOLVED).status == "pass"
+
+
+@pytest.mark.parametrize(
+    "cells, message",
+    [
+        ([cell(SOLVED.replace("    ### END SOLUTION\n", ""), ["lab:01.kv_bytes"])], "never ended"),
+        (
+            [
+                cell(
+                    SOLVED.replace("### BEGIN SOLUTION\n", "### BEGIN SOLUTION\n    ### BEGIN SOLUTION\n"),
+                    ["lab:01.kv_bytes"],
+                )
+            ],
+            "nested",
+        ),
+        ([cell("x = 1\n### END SOLUTION\n", ["lab:01.kv_bytes"])], "without"),
+        ([cell(SOLVED)], "without a 'lab:<id>' tag"),
+        ([cell("x = 1\n", ["lab:01.kv_bytes"])], "has no"),
+        ([cell(SOLVED, ["lab:99.nothing"])], "unknown exercise"),
+        (
+            [
+                cell(SOLVED, ["lab:01.kv_bytes"]),
+                cell(
+                    "# hint: return 2 * num_layers * num_kv_heads * head_dim * bytes_per_value",
+                    kind="markdown",
+                ),
+            ],
+            "would survive",
+        ),
+    ],
+)
+def test_the_student_build_refuses_what_it_cannot_strip_safely(cells: list[dict], message: str) -> None:
+    with pytest.raises(LabError, match=message):
+        student_notebook(notebook(*cells), "x.ipynb")
+
+
+def test_the_grader_reports_errors_and_missing_names() -> None:
+    exercise = EXERCISES["01.kv_bytes"]
+    assert grade_cell(exercise, "def other(): pass\n").detail == "the cell defines no kv_bytes_per_token"
+    broken = grade_cell(exercise, "def kv_bytes_per_token(a, b, c, d):\n    return a / 0\n")
+    assert broken.status == "error" and broken.detail.startswith("ZeroDivisionError")
+    wrong = grade_cell(exercise, "def kv_bytes_per_token(a, b, c, d):\n    return a * b * c * d\n")
+    assert wrong.status == "fail" and "expected 819200, got 409600" in wrong.detail
+
+
+def test_the_grader_runs_a_triton_kernel_from_cell_text() -> None:
+    import inspect
+
+    function = getattr(kernels.scores_right, "fn", kernels.scores_right)  # the interpreter wraps it
+    source = inspect.getsource(function).replace("def scores_right", "def paged_scores_kernel")
+    code = "import triton\nimport triton.language as tl\n\n" + source
+    assert grade_cell(EXERCISES["03.block_table"], code).status == "pass"
+
+
+def test_the_report_and_junit_xml() -> None:
+    grades = [
+        grade_cell(EXERCISES["01.kv_bytes"], SOLVED, "01.ipynb"),
+        grade_cell(EXERCISES["01.kv_bytes"], "raise NotImplementedError('later')\n", "01.ipynb"),
+    ]
+    text = table(grades)
+    assert "total: 1/2 points, 1 of 2 exercises pass" in text and "unfinished" in text
+    xml = junit_xml(grades)
+    assert 'tests="2"' in xml and 'failures="1"' in xml and "unfinished: later" in xml
+
+
+def test_the_lab_command(tmp_path, capsys) -> None:
+    from paged_attention.cli.main import main
+
+    source = tmp_path / "mine.ipynb"
+    source.write_text(json.dumps(notebook(cell(SOLVED, ["lab:01.kv_bytes"]))))
+    assert main(["lab", "grade", str(source), "--junit", str(tmp_path / "r.xml")]) == 0
+    assert "1/1 points" in capsys.readouterr().out and (tmp_path / "r.xml").is_file()
+    assert main(["lab", "build", "--out", str(tmp_path / "student"), str(source)]) == 0
+    assert main(["lab", "grade", str(tmp_path / "student" / "mine.ipynb")]) == 1
+    assert "unfinished" in capsys.readouterr().out
