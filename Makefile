@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 TORCH_PIN  := torch==2.13.0
 TRITON_PIN := triton==3.7.1
 
-.PHONY: install test test-fast demo lab figures lint bench clean
+.PHONY: install test test-fast demo lab student grade figures lint bench clean
 
 install: $(STAMP)
 
@@ -28,8 +28,19 @@ test-fast: install
 demo: install
 	$(BIN)/python -m paged_attention demo
 
+# JupyterLab refuses to run as root (as in most course containers) unless told it may.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: install
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_ARGS) notebooks/
+
+# Course lab: the student notebooks (answers removed, outputs cleared), and grading them.
+STUDENT ?= build/student
+student: install
+	$(BIN)/python -m paged_attention lab build --out $(STUDENT)
+
+grade: install
+	$(BIN)/python -m paged_attention lab grade $(STUDENT)/*.ipynb
 
 figures: install
 	$(BIN)/python -m paged_attention figures
