@@ -7,7 +7,7 @@ KV head. So one token costs
 
 OPT-13B (40 layers, 40 heads of 128, fp16) needs 800 KiB per token, Llama-2-7B 512 KiB; grouped-query
 models such as Llama-3-8B share each KV head between several query heads and need only 128 KiB.
-A 2048-token request on OPT-13B holds 1.6 GiB of KV cache, which is why the KV cache, not the
+A 2048-token request on OPT-13B holds 1.56 GiB of KV cache (1.6 GB in the paper, §3): the KV cache, not the
 weights, decides how many requests a GPU can serve at once.
 
 The cache here is one tensor ``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]``.

@@ -17,7 +17,7 @@ from .._checks import cdiv
 from ..memory.accounting import ReservationRow
 from ..memory.allocator import BlockAllocator
 from ..memory.page_table import PageTable, written_slots
-from .style import ARENA_COLORS, COLORS, SEQUENCE_COLORS, GiB
+from .style import ARENA_COLORS, COLORS, FIG2_COLORS, SEQUENCE_COLORS, GiB
 
 
 def kv_bytes_per_token(names: Sequence[str], bytes_per_token: Sequence[int]) -> Figure:
@@ -38,48 +38,71 @@ def kv_bytes_per_token(names: Sequence[str], bytes_per_token: Sequence[int]) -> 
 def kv_memory_vs_context(
     bytes_per_token: int,
     weights_bytes: int,
+    kv_budget_bytes: int,
     gpu_bytes: int,
     batch_sizes: Sequence[int],
     max_context: int,
     model_name: str,
     gpu_name: str,
 ) -> Figure:
-    """KV-cache GiB against context length for several batch sizes, beside the room the GPU leaves."""
-    fig, ax = plt.subplots(figsize=(6.4, 4))
-    contexts = list(range(0, max_context + 1, max(1, max_context // 64)))
-    room = (gpu_bytes - weights_bytes) / GiB
-    ax.axhspan(
-        0,
-        room,
-        color=COLORS["free"],
-        zorder=0,
-        label=f"room for KV on {gpu_name} after {model_name}'s weights ({room:.0f} GiB)",
-    )
+    """The GPU's memory split into weights, KV-cache budget and the rest, up to the whole GPU, and
+    over it the memory a batch needs: the weights plus ``batch`` requests' KV cache, against the
+    tokens per request. A batch fits while its line stays inside the KV budget; the legend gives the
+    longest requests (at most ``max_context``) that each batch size fits.
+    """
+    if weights_bytes + kv_budget_bytes > gpu_bytes:
+        raise ValueError(
+            f"weights ({weights_bytes / GiB:.1f} GiB) + KV budget ({kv_budget_bytes / GiB:.1f} GiB) "
+            f"exceed the GPU ({gpu_bytes / GiB:.1f} GiB)"
+        )
+    fig, ax = plt.subplots(figsize=(8.6, 4))
+    weights, budget, gpu = weights_bytes / GiB, kv_budget_bytes / GiB, gpu_bytes / GiB
+    ax.axhspan(0, weights, color=COLORS["weights"], alpha=0.35, lw=0, label=f"weights ({weights:g} GiB)")
+    ax.axhspan(weights, weights + budget, color=COLORS["future"], alpha=0.45, lw=0,
+               label=f"KV-cache budget ({budget:g} GiB)")  # fmt: skip
+    ax.axhspan(weights + budget, gpu, color=FIG2_COLORS[3], alpha=0.35, lw=0,
+               label=f"the rest, for activations ({gpu - weights - budget:g} GiB)")  # fmt: skip
+    ax.axhline(gpu, color="black", lw=1.2, label=f"the whole GPU ({gpu:g} GiB)")
+    contexts = list(range(0, max_context + 1, max(1, max_context // 128)))
     for i, batch in enumerate(batch_sizes):
+        fits = min(max_context, kv_budget_bytes // (batch * bytes_per_token))
         ax.plot(
             contexts,
-            [batch * c * bytes_per_token / GiB for c in contexts],
-            label=f"batch {batch}",
-            color=plt.get_cmap("Blues")(0.4 + 0.6 * i / max(1, len(batch_sizes) - 1)),
+            [weights + batch * c * bytes_per_token / GiB for c in contexts],
+            label=f"batch {batch}: fits up to {fits:,} tokens each",
+            color=plt.get_cmap("Blues")(0.45 + 0.55 * i / max(1, len(batch_sizes) - 1)),
+            lw=2,
         )
     ax.set_xlabel("tokens per request (prompt + output)")
-    ax.set_ylabel("KV cache (GiB)")
-    ax.set_ylim(0, max(room * 3, 1))
+    ax.set_ylabel("GPU memory (GiB)")
+    ax.set_ylim(0, gpu * 1.3)
     ax.set_xlim(0, max_context)
-    ax.set_title(f"{model_name}: the KV cache outgrows the weights")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(f"{model_name} on {gpu_name}: weights + the KV cache of a batch")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig
 
 
-def reservation_map(rows: Sequence[ReservationRow], max_len: int, title: str) -> Figure:
-    """One bar per request: its max-length reservation split into tokens, future tokens and waste."""
+def reservation_map(
+    rows: Sequence[ReservationRow],
+    max_len: int,
+    title: str,
+    finished: Sequence[bool] | None = None,
+) -> Figure:
+    """One bar per request: its max-length reservation split into tokens, future tokens and waste.
+
+    A request marked in ``finished`` has released its range: its bar is drawn empty and hatched.
+    """
+    finished = list(finished) if finished is not None else [False] * len(rows)
+    if len(finished) != len(rows):
+        raise ValueError(f"finished has {len(finished)} entries for {len(rows)} rows")
     fig, ax = plt.subplots(figsize=(7, 0.35 * len(rows) + 1.4))
-    y = list(range(len(rows)))
-    tokens = [r.tokens for r in rows]
-    future = [r.future for r in rows]
-    wasted = [r.wasted for r in rows]
+    live = [(i, r) for i, r in enumerate(rows) if not finished[i]]
+    y = [i for i, _ in live]
+    tokens = [r.tokens for _, r in live]
+    future = [r.future for _, r in live]
+    wasted = [r.wasted for _, r in live]
     ax.barh(y, tokens, color=COLORS["tokens"], label="token states")
     ax.barh(y, future, left=tokens, color=COLORS["future"], label="reserved for future tokens")
     ax.barh(
@@ -90,12 +113,17 @@ def reservation_map(rows: Sequence[ReservationRow], max_len: int, title: str) ->
         alpha=0.75,
         label="never used (internal fragmentation)",
     )
-    ax.set_yticks(y, [f"request {i}" for i in y])
+    done = [i for i, f in enumerate(finished) if f]
+    if done:
+        ax.barh(done, [max_len] * len(done), color="white", edgecolor="#a0aec0", hatch="..",
+                label="finished: range released")  # fmt: skip
+    ticks = [f"request {i}" + (" (finished)" if f else "") for i, f in enumerate(finished)]
+    ax.set_yticks(range(len(rows)), ticks)
     ax.invert_yaxis()
     ax.set_xlim(0, max_len)
     ax.set_xlabel("slots of the request's contiguous reservation")
     ax.set_title(title)
-    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.08), ncol=3, fontsize=8, frameon=False)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.08), ncol=2, fontsize=8, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig
