@@ -1,7 +1,7 @@
 """Compile every Triton kernel of the package for an NVIDIA GPU, on a machine without one.
 
 The interpreter runs kernels as Python, so it forgives things the real compiler rejects (a plain
-Python global inside a kernel, a ``tl.dot`` shape tensor cores do not take, a dtype mix). Triton can
+Python global inside a kernel, a ``tl.dot`` whose inner dimension is below 16, a dtype mix). Triton can
 compile ahead of time for a named target with no GPU present: this module builds each kernel to a
 ``cubin`` for an H100/H200 (``sm_90``) in the configurations the launchers use, so that a CPU-only
 test run still proves the GPU build.

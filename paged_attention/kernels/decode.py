@@ -3,10 +3,16 @@
 **One program per (sequence, KV head).** With grouped-query attention, ``group = num_heads //
 num_kv_heads`` query heads share one KV head. The program loads all of the group's queries as the
 rows of a ``[GROUP_PAD, HEAD_PAD]`` tile, so each key and value is read from memory once per group,
-not once per query head. Decode is memory-bound: those bytes are the whole cost. The rows are padded
-to at least 16 because that is the smallest ``tl.dot`` Triton compiles for NVIDIA GPUs (fp16/bf16
-dots run on tensor cores there); the loop over the sequence's pages is
-:func:`paged_attention.kernels.online_softmax.attend_tiles`.
+not once per query head. Decode is memory-bound: those bytes are the whole cost. The loop over the
+sequence's pages is :func:`paged_attention.kernels.online_softmax.attend_tiles`.
+
+``tl.dot`` sizes: Triton's NVIDIA backend (``min_dot_size`` in ``triton/backends/nvidia/compiler.py``)
+compiles a dot only if its inner dimension K is at least 16 (32 for 8-bit inputs); the rows M and
+columns N may be as small as 1. Our K's are the head size in ``q @ k^T`` (padded to ``HEAD_PAD >= 16``)
+and the tile in ``p @ v`` (``TILE >= 16``, see ``default_tile``). The query rows are also padded to
+``GROUP_PAD >= 16``, which the Triton we require does not need (older releases asserted M, N and
+K >= 16); the padded rows load nothing and store nothing. The interpreter accepts any size, so
+``compile_check`` builds every kernel for a GPU.
 
 Split-K ("flash-decoding", vLLM's ``paged_attention_v2``): a single long sequence gives the GPU only
 ``num_kv_heads`` programs, too few to fill it. Cutting the context into partitions of

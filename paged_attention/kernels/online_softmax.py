@@ -6,8 +6,8 @@ walks positions ``[start, end)`` of one sequence, ``TILE`` tokens at a time:
 * token ``pos`` lives in physical block ``block_table[pos // BLOCK_SIZE]`` at offset
   ``pos % BLOCK_SIZE``: the kernel loads the block id of every token of the tile (neighbours share
   it, so that is a cache hit) and gathers keys and values from wherever their pages are. The tile is
-  independent of the block size, so a block size of 8 still gives ``tl.dot`` the 16 columns an
-  NVIDIA tensor core needs;
+  independent of the block size, so a block size of 8 still gives ``p @ v`` the inner dimension of
+  at least 16 that Triton's NVIDIA backend requires of a compiled ``tl.dot`` (K >= 16);
 * online softmax keeps a running maximum ``m``, running sum ``l`` and running output ``acc`` per
   row and rescales them whenever the maximum grows, so no row ever needs all its scores at once
   (Milakov & Gimelshein 2018; FlashAttention). Scores are in log2 units (the caller folds
@@ -104,5 +104,6 @@ def use_native_dot(dtype: torch.dtype) -> bool:
 
 
 def default_tile(block_size: int) -> int:
-    """Tokens per loop iteration: at least 16 (the smallest tensor-core ``tl.dot``), up to 64."""
+    """Tokens per loop iteration, up to 64 and at least 16: the tile is the inner dimension K of
+    ``p @ v``, and a compiled ``tl.dot`` on an NVIDIA GPU needs K >= 16."""
     return max(16, min(block_size, 64))

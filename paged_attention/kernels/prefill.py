@@ -106,8 +106,9 @@ def paged_prefill(
     num_kv_heads = key_cache.shape[2]
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
-    # Rows per program = BLOCK_M tokens x GROUP_PAD heads: 16 (the smallest tl.dot) under the
-    # interpreter, 64 when compiled, where prefill is compute-bound and bigger tiles reuse K/V more.
+    # Rows per program = BLOCK_M tokens x GROUP_PAD heads: 64 when compiled, where prefill is
+    # compute-bound and bigger tiles reuse each K/V tile for more rows; 16 under the interpreter,
+    # where nothing needs more (a compiled tl.dot needs K >= 16, not rows) and NumPy work stays small.
     native = use_native_dot(query.dtype)
     rows = 16 if triton_interpreted() else 64
     block_m = max(1, rows // group_pad)
