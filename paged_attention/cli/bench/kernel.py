@@ -5,8 +5,9 @@ Decode attention reads every cached key and value once and does little arithmeti
 its speed is a bandwidth: **KV bytes read / time**. The benchmark times, side by side in one run,
 
 * ``paged``: our Triton decode kernel over a shuffled block table (pages scattered in memory);
-* ``contiguous``: the same kernel over an identity block table (pages in order), so the ratio
-  paged / contiguous is the price of paging alone;
+* ``contiguous``: the same kernel over an identity block table (pages in order); both read the
+  block table, so the ratio paged / contiguous prices scattered pages, not the table lookup (the
+  ``sdpa``/``flash_attn`` rows, with no table at all, are nearer the paper's comparison, §7.1);
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` over contiguous K/V;
 * ``flash_attn``: ``flash_attn_with_kvcache`` from flash-attn, when it is installed.
 
