@@ -158,6 +158,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # in arrival order: the last one is the next victim
         self.swapped: deque[Sequence] = deque()
         self.num_preemptions = 0
+        self.num_self_preemptions = 0  # preemptions of the very sequence that asked for memory
 
     # -- queues ---------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -221,6 +222,7 @@ class Scheduler:
                 victim = self.scheduling_policy.victim(self.running)
                 self._preempt(victim, out)
                 if victim is seq:
+                    self.num_self_preemptions += 1  # it was the latest arrival: it stepped back
                     break
                 allocation = self.cache_manager.allocate_slots(seq, n)
             if allocation is None:

@@ -7,11 +7,20 @@ instead of a forward pass it appends a dummy token to every sequence that sample
 when its scripted output length is reached.
 An hour of traffic takes seconds, and every step's state is recorded for pictures.
 
-**Time.** Without a ``step_time`` model every step lasts one unit and arrival times count steps.
-Given one (for instance :func:`cost_model_step_time`, a roofline model of a named GPU serving a
-named model), each step lasts what that GPU would need for it, arrival times are in seconds, and
-the clock jumps over idle gaps to the next arrival. Averages over a run are then *time*
-averages, as in the PagedAttention paper's Figure 2.
+**Time.** Without a ``step_time`` model every step lasts one unit, whatever it computes, and
+arrival times count steps: a step that recomputes a preempted sequence's 100 tokens costs what a
+step of one decode does, and swapping's copies cost nothing either. Given a ``step_time``, each
+step lasts what it says, arrival times are in its unit, and the clock jumps over idle gaps to the
+next arrival. :func:`linear_step_time` charges each step a fixed cost plus a price per token
+computed and per block copied between GPU and CPU (so recomputation and swapping both pay for
+their work); :func:`cost_model_step_time` is a roofline model of a named GPU serving a named
+model, in seconds. Averages over a run are then *time* averages, as in the PagedAttention paper's
+Figure 2.
+
+**Preemptions** are counted per request (:attr:`TraceResult.preemptions`), and a preemption is a
+*self-preemption* when the sequence that asked for memory was itself the latest arrival among the
+running ones: the scheduler's victim rule then picks it, and it steps back
+(:attr:`TraceResult.num_self_preemptions`).
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ class StepRecord:
     time: float = 0.0  # when the step started
     duration: float = 1.0
     report: MemoryReport | None = None  # the full memory report, on the steps that record one
+    num_blocks_copied: int = 0  # blocks swapped out or in (between GPU and CPU) this step
 
 
 @dataclass
@@ -54,6 +64,13 @@ class TraceResult:
     finish_step: dict[int, int] = field(default_factory=dict)  # request index -> step it finished
     finish_time: dict[int, float] = field(default_factory=dict)  # request index -> time it finished
     num_preemptions: int = 0
+    preemptions: dict[int, int] = field(default_factory=dict)  # request index -> times it was preempted
+    num_self_preemptions: int = 0  # preemptions of the very sequence that asked for memory
+
+    @property
+    def max_preemptions(self) -> int:
+        """The most times one request was preempted (0 if none was)."""
+        return max(self.preemptions.values(), default=0)
 
     @property
     def peak_running(self) -> int:
@@ -113,6 +130,7 @@ def run_trace(
     ``until`` stops the run once the clock reaches it, leaving the cache as it is then (for
     snapshots); unfinished requests have no finish time. ``progress`` shows a progress bar.
     ``scheduling_policy``: continuous batching by default; ``StaticBatching()`` for the baseline.
+    ``step_time``: each step's duration (see the module docstring); ``None``: one unit per step.
     """
     scheduler = Scheduler(
         cache_manager, max_num_seqs, max_num_batched_tokens, preemption_mode, scheduling_policy
@@ -146,6 +164,8 @@ def run_trace(
             sequences[index] = seq
             next_arrival += 1
         out = scheduler.schedule()
+        for victim in out.preempted:
+            result.preemptions[victim.seq_id] = result.preemptions.get(victim.seq_id, 0) + 1
         duration = step_time(out) if step_time is not None else 1.0
         scheduler.after_step(out.scheduled)
         finished = 0
@@ -165,6 +185,7 @@ def run_trace(
                 step, len(scheduler.running), len(scheduler.waiting), len(scheduler.swapped), out.num_tokens,
                 len(out.preempted), finished, cache_manager.num_free_blocks,
                 -1 if report is None else report.token_slots, now, duration, report,
+                len(out.swap_out) + len(out.swap_in),
             )
         )  # fmt: skip
         if bar is not None and finished:
@@ -174,7 +195,32 @@ def run_trace(
     if bar is not None:
         bar.close()
     result.num_preemptions = scheduler.num_preemptions
+    result.num_self_preemptions = scheduler.num_self_preemptions
     return result
+
+
+def linear_step_time(
+    per_step: float = 1.0, per_token: float = 0.0, per_block_copied: float = 0.0
+) -> StepTime:
+    """A ``step_time`` for :func:`run_trace` that charges the work a step does.
+
+    A step lasts ``per_step``, plus ``per_token`` for every token it computes (prefill chunks,
+    recomputation and decodes alike), plus ``per_block_copied`` for every block it swaps out or in.
+    ``linear_step_time()`` is the uniform clock: each step one unit, as without a ``step_time``,
+    except that idle gaps are skipped instead of recorded as empty steps (latencies are the same).
+    """
+    if not per_step > 0:
+        raise ValueError(f"per_step must be positive (a step always takes time), got {per_step!r}")
+    if not (per_token >= 0 and per_block_copied >= 0):
+        raise ValueError(
+            f"prices must be >= 0, got per_token={per_token!r}, per_block_copied={per_block_copied!r}"
+        )
+
+    def step_time(out: SchedulerOutput) -> float:
+        copies = len(out.swap_out) + len(out.swap_in)
+        return per_step + per_token * out.num_tokens + per_block_copied * copies
+
+    return step_time
 
 
 def cost_model_step_time(model: object, block_size: int | None = None) -> StepTime:

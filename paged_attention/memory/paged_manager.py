@@ -1,9 +1,10 @@
 """The paged KV-cache manager: the block allocator plus one page table per sequence.
 
-It implements :class:`~.manager.KVCacheManager`. Three details come from the paper and vLLM v0,
-and one from later vLLM. vLLM v1 has no swap preemption and no fork or copy-on-write (its parallel
-samples and beams are separate requests that share memory through the prefix cache alone), and
-its watermark, added recently, is off by default:
+It implements :class:`~.manager.KVCacheManager`. Swapping and forking are the paper's (§4.4,
+§4.5), the watermark is vLLM v0's code, and automatic prefix caching is later vLLM's. vLLM v1 has
+no swap preemption and no fork or copy-on-write (its parallel samples and beams are separate
+requests that share memory through the prefix cache alone), and its watermark, added recently, is
+off by default:
 
 * **A watermark** (v0's ``BlockSpaceManager(watermark=0.01)``). New sequences are admitted only
   while more than ``watermark`` (1%) of the blocks would stay free, so that the sequences already
