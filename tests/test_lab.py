@@ -171,3 +171,14 @@ def test_the_lab_command(tmp_path, capsys) -> None:
     assert main(["lab", "build", "--out", str(tmp_path / "student"), str(source)]) == 0
     assert main(["lab", "grade", str(tmp_path / "student" / "mine.ipynb")]) == 1
     assert "unfinished" in capsys.readouterr().out
+
+
+def test_an_unfinished_triton_kernel_is_unfinished_not_an_error() -> None:
+    code = (
+        "import triton\nimport triton.language as tl\n\n@triton.jit\n"
+        "def paged_scores_kernel(q_ptr, k_ptr, t_ptr, o_ptr, seq_len,\n"
+        "                        BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr):\n"
+        '    raise NotImplementedError("Exercise 03.block_table: later")\n'
+    )
+    grade = grade_cell(EXERCISES["03.block_table"], code)
+    assert (grade.status, grade.detail) == ("unfinished", "Exercise 03.block_table: later")
