@@ -59,10 +59,22 @@ class LLM:
         work starts, naming its index, so that a batch is all-or-nothing like vLLM's.
         """
         prompts = as_prompt_list(prompts)
+        if isinstance(sampling_params, BeamSearchParams):
+            raise TypeError("sampling_params must be SamplingParams; for a beam search call LLM.beam_search")
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompts)
         else:
+            if isinstance(sampling_params, (str, bytes)) or not isinstance(sampling_params, Sequence):
+                raise TypeError(
+                    "sampling_params must be a SamplingParams, a list of them (one per prompt) or None, "
+                    f"got {type(sampling_params).__name__}"
+                )
             params_list = list(sampling_params)
+            wrong = [type(p).__name__ for p in params_list if not isinstance(p, SamplingParams)]
+            if wrong:
+                raise TypeError(
+                    f"sampling_params must hold SamplingParams only, got {', '.join(sorted(set(wrong)))}"
+                )
             if len(params_list) != len(prompts):
                 raise ValueError(f"got {len(params_list)} sampling_params for {len(prompts)} prompts")
         return self._serve(prompts, params_list, use_tqdm, "Processed prompts")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .._checks import check_int, check_positive_int
-from ..memory.kv_cache import KVCache, KVCacheSpec, default_kv_cache_memory
+from ..memory.kv_cache import KVCache, KVCacheSpec, check_kv_fits, default_kv_cache_memory
 from ..memory.manager import KVCacheManager
 from ..memory.paged_manager import PagedKVCacheManager
 from .beam_search import BeamSearchRequest, check_beams_fit
@@ -98,6 +99,9 @@ class LLMEngine:
                 "kv_cache_memory", default if kv_cache_memory is None else kv_cache_memory, minimum=1
             )
             num_blocks = self.spec.num_blocks_for_budget(memory, block_size)
+        block_bytes = self.spec.bytes_per_token * block_size
+        what = f"a KV cache of {num_blocks} blocks of {block_size} tokens ({block_bytes} bytes each)"
+        check_kv_fits(num_blocks * block_bytes, device, what)
         if cache_manager_factory is None:
             cpu_blocks = (
                 num_blocks if num_cpu_blocks is None and preemption_mode == "swap" else num_cpu_blocks
@@ -149,7 +153,18 @@ class LLMEngine:
         if beam is not None:
             params = SamplingParams(temperature=0.0, max_tokens=beam.max_tokens, ignore_eos=beam.ignore_eos)
         assert isinstance(params, SamplingParams)
-        request_id = str(next(self._request_ids)) if request_id is None else str(request_id)
+        params = params.clone()  # checked again (it may have been changed since it was built), and ours
+        if arrival_time is not None and (
+            isinstance(arrival_time, bool)
+            or not isinstance(arrival_time, (int, float))
+            or not math.isfinite(arrival_time)
+        ):
+            raise TypeError(f"arrival_time must be a finite number of seconds or None, got {arrival_time!r}")
+        if request_id is None:
+            request_id = self._next_request_id()
+        elif not isinstance(request_id, (str, int)) or isinstance(request_id, bool):
+            raise TypeError(f"request_id must be a str (or an int, or None for a new id), got {request_id!r}")
+        request_id = str(request_id)
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, token_ids, cache_salt = tokenize(prompt, self.tokenizer)
@@ -180,6 +195,12 @@ class LLMEngine:
             request = BeamSearchRequest(request_id, text, token_ids, beam, seqs[0], now, self.stop_checker)
         self._requests[request_id] = request
         return request_id
+
+    def _next_request_id(self) -> str:
+        """A fresh id: the next number no unfinished request uses (ids a user chose are skipped)."""
+        while (candidate := str(next(self._request_ids))) in self._requests:
+            pass
+        return candidate
 
     def _check_prompt(self, token_ids: list[int], params: SamplingParams) -> SamplingParams:
         """Reject what cannot be served; ``max_tokens=None`` becomes the room left (vLLM's rule)."""

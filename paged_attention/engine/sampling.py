@@ -23,6 +23,7 @@ kernels.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Sequence
@@ -39,6 +40,9 @@ class RequestOutputKind(enum.Enum):
     CUMULATIVE = 0  # every step that adds tokens: all the text and tokens so far
     DELTA = 1  # every step that adds tokens: only what this step added
     FINAL_ONLY = 2  # once, when the request ends (what ``LLM.generate`` asks for)
+
+
+SEED_RANGE = (-(2**63), 2**64)  # what torch.Generator.manual_seed accepts: [low, high)
 
 
 @dataclass
@@ -75,14 +79,24 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         self._check_numbers()
-        self.stop_strings = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        stop = self.stop
+        if not (stop is None or isinstance(stop, (str, list, tuple))):
+            raise TypeError(f"stop must be a string, a list of strings or None, got {type(stop).__name__}")
+        self.stop_strings = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in self.stop_strings):
-            raise TypeError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
-        self.stop_token_ids = list(self.stop_token_ids or [])
+            raise TypeError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+        ids = self.stop_token_ids
+        if not (ids is None or isinstance(ids, (list, tuple))):
+            raise TypeError(f"stop_token_ids must be a list of token ids (ints >= 0) or None, got {ids!r}")
+        self.stop_token_ids = list(ids or [])
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise TypeError(
-                f"stop_token_ids must be a list of token ids (ints >= 0), got {self.stop_token_ids!r}"
-            )
+            raise TypeError(f"stop_token_ids must be a list of token ids (ints >= 0), got {ids!r}")
+
+    def clone(self) -> SamplingParams:
+        """A checked copy: every field validated again (after any change made to this object since
+        it was built), and later changes to this object do not reach the copy. The engine keeps a
+        clone of what it is given."""
+        return dataclasses.replace(self)
 
     def _check_numbers(self) -> None:
         def is_int(x: object) -> bool:
@@ -118,8 +132,16 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens={self.min_tokens} must not exceed max_tokens={self.max_tokens}")
-        if self.seed is not None and not is_int(self.seed):
-            raise TypeError(f"seed must be an int or None, got {self.seed!r}")
+        if self.seed is not None:
+            if not is_int(self.seed):
+                raise TypeError(f"seed must be an int or None, got {self.seed!r}")
+            # Sample i draws from torch.Generator().manual_seed(seed + i), which takes [-2**63, 2**64).
+            low, high = SEED_RANGE
+            if not low <= self.seed <= high - self.n:
+                raise ValueError(
+                    f"seed must be in [{low}, {high - self.n}] so that every sample's seed, seed + i for "
+                    f"i < n={self.n}, fits a torch.Generator ([{low}, {high - 1}]); got {self.seed}"
+                )
         if not isinstance(self.output_kind, RequestOutputKind):
             raise TypeError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
 

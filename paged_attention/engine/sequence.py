@@ -109,6 +109,12 @@ class Sequence:
         """The most tokens this sequence can ever hold: prompt + max_tokens."""
         return len(self.prompt_token_ids) + (self.params.max_tokens or 0)
 
+    @property
+    def max_kv_tokens(self) -> int:
+        """The most tokens whose K/V this sequence will store: its last sampled token is never fed
+        back through the model, so prompt + max_tokens - 1."""
+        return self.max_total_tokens - 1
+
     def finish(self, reason: FinishReason, now: float, stop_reason: int | str | None = None) -> None:
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason

@@ -171,6 +171,12 @@ def check_store_args(
         )
     if not key.device == value.device == key_cache.device == value_cache.device == slot_mapping.device:
         raise ValueError("key, value, the caches and slot_mapping must all be on one device")
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if not cache.is_contiguous():
+            raise ValueError(
+                f"{name} must be contiguous (the store writes through a flat view of its slots); "
+                "pass the cache tensor itself, not a transposed or sliced view"
+            )
     if slot_mapping.numel():
         num_slots = key_cache.shape[0] * key_cache.shape[1]
         low, high = int(slot_mapping.min()), int(slot_mapping.max())

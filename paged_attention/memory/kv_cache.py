@@ -99,6 +99,34 @@ def default_kv_cache_memory(device: torch.device, gpu_memory_utilization: float 
     return int(max(0, gpu_memory_utilization * total - (total - free)) * 0.9)
 
 
+def available_memory(device: torch.device) -> int | None:
+    """Bytes that could still be allocated on ``device``: free CUDA memory, or on a CPU the host's
+    available memory (Linux's ``MemAvailable``); ``None`` where it cannot be told."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_kv_fits(num_bytes: int, device: torch.device, what: str) -> None:
+    """Refuse a KV cache the device cannot hold, before anything is built for it (a million block
+    objects for a cache that then fails to allocate, or a host pushed into swapping)."""
+    available = available_memory(device)
+    if available is not None and num_bytes > available:
+        raise ValueError(
+            f"{what} needs {num_bytes / 2**30:.2f} GiB but {device} has {available / 2**30:.2f} GiB "
+            "available; "
+            "give a smaller kv_cache_memory (in bytes: 512 * 2**20 is 512 MiB), num_kv_blocks or "
+            "gpu_memory_utilization"
+        )
+
+
 def kv_bytes_per_token(config: Any, dtype: torch.dtype | str | None = None) -> int:
     """Bytes of KV cache one token occupies in a model with this transformers config."""
     return KVCacheSpec.from_config(config, dtype).bytes_per_token

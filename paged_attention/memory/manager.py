@@ -49,6 +49,12 @@ class CachedSequence(Protocol):
         """prompt + max_tokens: the most tokens it can ever hold."""
         ...
 
+    @property
+    def max_kv_tokens(self) -> int:
+        """prompt + max_tokens - 1: the most tokens whose K/V it can ever store (the last token
+        sampled ends the sequence and is never fed back through the model)."""
+        ...
+
     def token_slice(self, start: int, end: int) -> list[int]: ...
 
 
@@ -104,7 +110,7 @@ class KVCacheManager(Protocol):
         ...
 
     def fits_at_all(self, seq: CachedSequence) -> bool:
-        """Could ``seq`` (grown to ``seq.max_total_tokens``) ever fit, with the cache otherwise empty?"""
+        """Could ``seq`` (grown to its longest) ever fit, with the cache otherwise empty?"""
         ...
 
     def unfit_reason(self, seq: CachedSequence) -> str:

@@ -115,13 +115,13 @@ class PagedKVCacheManager:
     def fits_at_all(self, seq: CachedSequence) -> bool:
         # Admission keeps the watermark free, so a request must fit beside it, or it would be
         # accepted and then wait forever (holding up everyone queued behind it).
-        return cdiv(seq.max_total_tokens, self.block_size) <= self.num_blocks - self.watermark_blocks
+        return cdiv(seq.max_kv_tokens, self.block_size) <= self.num_blocks - self.watermark_blocks
 
     def unfit_reason(self, seq: CachedSequence) -> str:
-        needed = cdiv(seq.max_total_tokens, self.block_size)
+        needed = cdiv(seq.max_kv_tokens, self.block_size)
         kept = self.watermark_blocks
         return (
-            f"it needs up to {seq.max_total_tokens} tokens of KV cache (prompt + max_tokens), {needed} "
+            f"it may store up to {seq.max_kv_tokens} tokens of KV cache (prompt + max_tokens - 1), {needed} "
             f"blocks of {self.block_size}, but the cache has {self.num_blocks} blocks"
             + (f", {kept} of which stay free for running sequences (the watermark)" if kept else "")
         )
