@@ -87,9 +87,11 @@ def test_swap_mode_moves_pages_to_cpu_and_back():
 
 def test_a_request_that_can_never_fit_is_rejected_when_added():
     scheduler = Scheduler(PagedKVCacheManager(4, 4))
-    with pytest.raises(ValueError, match="can never fit: it needs up to"):
-        scheduler.add(seq(0, 10, max_tokens=7))  # 17 tokens > 16 slots
+    with pytest.raises(ValueError, match="can never fit: it may store up to 17 tokens"):
+        scheduler.add(seq(0, 10, max_tokens=8))  # 10 + 8 - 1 = 17 tokens of KV > 16 slots
     assert not scheduler.has_unfinished()
+    scheduler.add(seq(1, 10, max_tokens=7))  # 16 tokens of KV: exactly the cache
+    assert scheduler.has_unfinished()
 
 
 @pytest.mark.parametrize(
@@ -148,7 +150,7 @@ def test_soak_500_requests_under_tight_memory_both_modes():
 def test_a_request_that_fits_only_by_eating_the_watermark_is_rejected_not_stalled():
     cache = PagedKVCacheManager(100, 16)  # 1% watermark: 1 block stays free for running sequences
     scheduler = Scheduler(cache, max_num_batched_tokens=4096)
-    with pytest.raises(ValueError, match="can never fit: it needs up to"):
+    with pytest.raises(ValueError, match="can never fit: it may store up to"):
         scheduler.add(seq(0, 1590, max_tokens=10))  # 100 blocks: would never be admitted
     result = run_trace([TraceRequest(1570, 10)], PagedKVCacheManager(100, 16), max_num_batched_tokens=4096)
     assert result.finish_step == {0: 9}  # 99 blocks: prefilled at step 0, 10th token at step 9
