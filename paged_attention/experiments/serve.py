@@ -11,7 +11,10 @@ Two averages, as in the paper:
 
 * **memory shares** (Figure 2) are time averages over the steps in which some request was waiting,
   i.e. while memory was the bottleneck (an empty cache ramping up, or draining after the last
-  arrival, says nothing about a memory manager); over the whole run if no request ever waited;
+  arrival, says nothing about a memory manager). Each manager is averaged over *its own* such
+  steps (``ServeRun.saturated_share`` says how much of its run that was), and over the whole run
+  if no request ever waited for it: then its free memory is room it did not need, not waste. The
+  paper's caption says only "during the experiment in §6.2"; this window is our reading;
 * **batched requests** (Figure 13) are time averages over the whole run.
 """
 
@@ -38,6 +41,11 @@ class ServeRun:
     duration: float  # seconds of (modelled) GPU time
     normalized_latency: float  # mean over requests of (finish - arrival) / output tokens, s/token
     saturated_share: float  # share of the run during which some request was waiting
+
+    @property
+    def memory_window(self) -> str:
+        """What ``memory`` averages over: the steps with a request waiting, or the whole run."""
+        return "steps with a request waiting" if self.saturated_share > 0 else "the whole run (none waited)"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -86,7 +94,11 @@ def serve(
 
 
 def figure2_stack(memory: dict[str, float]) -> tuple[float, float, float, float]:
-    """A run's memory shares as the paper's four Figure 2 segments, in percent (free joins external)."""
+    """A run's memory shares as the paper's four Figure 2 segments, in percent.
+
+    The segments are ``paper.FIG2_CATEGORIES``: token states, reservation, internal fragmentation,
+    and "external frag. & others" (external fragmentation plus free memory).
+    """
     return (
         100 * memory["token_states"],
         100 * memory["reserved"],

@@ -12,45 +12,58 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from ..experiments.paper import FIG2_CATEGORIES
 from .style import FIG2_COLORS, SEQUENCE_COLORS
+
+UNSPLIT_COLOR = "#a0aec0"  # a share the paper reports without splitting it into categories
 
 
 def memory_breakdown(
     ours: dict[str, Sequence[float]],
     paper: dict[str, Sequence[float]] | None = None,
-    categories: Sequence[str] = (
-        "token states",
-        "reserved",
-        "internal fragmentation",
-        "external fragmentation + free",
-    ),
+    categories: Sequence[str] = FIG2_CATEGORIES,
     title: str = "",
+    unsplit: dict[str, float] | None = None,
+    notes: dict[str, str] | None = None,
 ) -> Figure:
     """The PagedAttention paper's Figure 2: where KV memory goes, one stacked bar per system.
 
-    ``ours`` and ``paper`` map a system's label to its percentages per category (summing to 100).
-    With ``paper``, each system gets two bars side by side: ours (solid) and the paper's (hatched).
+    ``ours`` and ``paper`` map a system's label to its percentages per category (summing to 100),
+    in the order of ``categories`` (the paper's four by default: the fourth is "External frag. &
+    Others", free memory included). With ``paper``, each system gets two bars side by side: ours
+    (solid) and the paper's (hatched). ``unsplit`` maps a label to the share of the paper's bar that
+    the paper gives as one number without splitting it into categories (vLLM's 3.7%): that bar is
+    drawn as its token states and one grey segment of that size. ``notes`` adds a line under a
+    label (for instance how much of the run the system was memory-bound).
     """
     names = list(ours)
+    unsplit = unsplit or {}
     fig, ax = plt.subplots(figsize=(1.5 * len(names) + 2.6, 3.8))
     width = 0.38 if paper else 0.6
     for i, name in enumerate(names):
-        bars = [(i - width / 2 if paper else i, ours[name], None, "ours")]
+        bars = [(i - width / 2 if paper else i, ours[name], None, "ours", False)]
         if paper and name in paper:
-            bars.append((i + width / 2, paper[name], "//", "paper"))
-        for x, values, hatch, who in bars:
+            bars.append((i + width / 2, paper[name], "//", "paper", name in unsplit))
+        for x, values, hatch, who, rest_unsplit in bars:
+            segments = list(zip(values, FIG2_COLORS, strict=True))
+            if rest_unsplit:
+                segments = [segments[0], (unsplit[name], UNSPLIT_COLOR)]
             bottom = 0.0
-            for value, color in zip(values, FIG2_COLORS, strict=True):
+            for value, color in segments:
                 ax.bar(x, value, width, bottom=bottom, color=color, hatch=hatch, edgecolor="white", lw=0.5)
                 bottom += value
             ax.text(x, 101, f"{values[0]:.1f}", ha="center", va="bottom", fontsize=7, color=FIG2_COLORS[0])
             if paper:
                 ax.text(x, -3, who, ha="center", va="top", fontsize=7, color="#4a5568")
-    ax.set_xticks(range(len(names)), names, fontsize=8)
+    labels = [f"{n}\n{notes[n]}" if notes and n in notes else n for n in names]
+    ax.set_xticks(range(len(names)), labels, fontsize=8)
     ax.tick_params(axis="x", pad=14 if paper else 4)
     ax.set_ylim(0, 108)
     ax.set_ylabel("share of KV-cache memory (%)")
     handles = [Patch(facecolor=c, label=label) for c, label in zip(FIG2_COLORS, categories, strict=True)]
+    if paper and any(n in unsplit for n in names):
+        label = "not split by the paper"
+        handles.append(Patch(facecolor=UNSPLIT_COLOR, hatch="//", edgecolor="white", label=label))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     ax.set_title(title or "Where the KV cache goes (token-state share on top)", fontsize=10)
@@ -167,5 +180,36 @@ def throughput_comparison(
     ax_t.legend(fontsize=8, frameon=False)
     ax_t.spines[["top", "right"]].set_visible(False)
     fig.suptitle(title or "Same model, same KV bytes: throughput and batch size", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def batch_sweep(
+    sweeps: dict[str, tuple[Sequence[str], dict[str, Sequence[float]], dict[str, Sequence[float]]]],
+    bound_at: float = 0.5,
+    title: str = "",
+) -> Figure:
+    """Mean batch against a swept setting (request rate, KV budget), one panel per sweep.
+
+    ``sweeps[xlabel] = (ticks, batch, bound)``: the settings' tick labels, ``batch[name]`` each
+    system's time-averaged batch at each setting, and ``bound[name]`` the share of the run in which
+    some request waited. A marker is filled where that share is at least ``bound_at`` (memory was
+    the bottleneck), hollow where it is not.
+    """
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps), 3.6), squeeze=False)
+    for ax, (xlabel, (ticks, batch, bound)) in zip(axes[0], sweeps.items(), strict=True):
+        xs = list(range(len(ticks)))
+        for i, (name, ys) in enumerate(batch.items()):
+            color = SEQUENCE_COLORS[i % 10]
+            ax.plot(xs, ys, "-", color=color, lw=1, label=name)
+            for x, y, share in zip(xs, ys, bound[name], strict=True):
+                ax.plot(x, y, "o", ms=5, color=color, mfc=color if share >= bound_at else "white")
+        ax.plot([], [], "o", color="#4a5568", label=f"filled: a request waits >= {bound_at:.0%} of the run")
+        ax.set_xticks(xs, list(ticks), fontsize=8)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("batched requests (time average)")
+        ax.legend(fontsize=7, frameon=False)
+        ax.spines[["top", "right"]].set_visible(False)
+    fig.suptitle(title or "Batched requests against the load and the memory", fontsize=10)
     fig.tight_layout()
     return fig

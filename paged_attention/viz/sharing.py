@@ -105,32 +105,44 @@ def prefix_tree(
 def sharing_savings(
     widths: Sequence[int],
     savings: dict[str, dict[str, Sequence[float]]],
-    paper: dict[str, tuple[float, float]] | None = None,
+    paper: dict[str, dict[str, tuple[float, float]]] | None = None,
     title: str = "",
 ) -> Figure:
     """The paper's Figure 15: KV memory saved by sharing, per trace, for parallel sampling (``n``)
     and beam search (width), in percent. ``savings[trace][mode]`` holds one fraction per width;
-    ``paper[mode]`` the range the paper reports (drawn as a band)."""
+    ``paper[trace][mode]`` the range (percent) the paper reports for that trace, drawn as a band in
+    the trace's colour (a trace named ``"X-like"`` is labelled by the paper's ``"X"``)."""
     modes = {"parallel": "parallel sampling (n)", "beam": "beam search (beam width)"}
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     traces = list(savings)
     bar = 0.8 / max(1, len(traces))
+    top = 0.0
     for ax, (mode, label) in zip(axes, modes.items(), strict=True):
-        if paper and mode in paper:
-            low, high = paper[mode]
-            ax.axhspan(low, high, color="#fbd38d", alpha=0.45, lw=0, label=f"paper, Alpaca: {low}-{high}%")
+        for i, trace in enumerate(traces):
+            if paper and mode in paper.get(trace, {}):
+                low, high = paper[trace][mode]
+                color = SEQUENCE_COLORS[i % 10]
+                name = trace.removesuffix("-like")
+                ax.axhspan(low, high, color=color, alpha=0.16, lw=0, label=f"paper, {name}: {low}-{high}%")
+                for edge in (low, high):
+                    ax.axhline(edge, color=color, lw=0.8, ls="--", alpha=0.8)
+                top = max(top, high)
         for i, trace in enumerate(traces):
             values = [100 * v for v in savings[trace][mode]]
             xs = [j + (i - (len(traces) - 1) / 2) * bar for j in range(len(widths))]
-            ax.bar(xs, values, bar, color=SEQUENCE_COLORS[i % 10], label=trace)
+            ax.bar(xs, values, bar, color=SEQUENCE_COLORS[i % 10], label=f"ours, {trace}")
             for x, v in zip(xs, values, strict=True):
                 ax.text(x, v, f"{v:.0f}", ha="center", va="bottom", fontsize=7)
+            top = max([top, *values])
         ax.set_xticks(range(len(widths)), [str(w) for w in widths])
         ax.set_xlabel(label)
         ax.spines[["top", "right"]].set_visible(False)
-        ax.legend(fontsize=8, frameon=False, loc="upper left")
+        ax.legend(fontsize=7.5, frameon=False, loc="upper left", ncol=2)
+    axes[0].set_ylim(0, 1.45 * top if top else 1.0)
     axes[0].set_ylabel("KV memory saved by sharing (%)")
-    fig.suptitle(title or "Memory saved by sharing blocks (the paper's Figure 15)", fontsize=10)
+    fig.suptitle(
+        title or "Memory saved by sharing blocks: ours, and the paper's ranges (Figure 15)", fontsize=10
+    )
     fig.tight_layout()
     return fig
 
@@ -138,7 +150,9 @@ def sharing_savings(
 def prefix_caching_speedup(results: dict[str, dict[str, float]], paper: dict[str, float] | None = None,
                            title: str = "") -> Figure:  # fmt: skip
     """Requests per second with prefix caching off and on, per shared prefix (``results[prefix]`` holds
-    ``off``/``on`` rates and the ``hit_rate``); the paper's speedups (vs Orca Oracle) as text."""
+    ``off``/``on`` rates and the ``hit_rate``). ``paper[prefix]``, the paper's speedup for that prefix
+    (Figure 16: vLLM vs Orca (Oracle), on a GPU), is written beside ours as text, labelled as such:
+    the two ratios compare different things."""
     fig, ax = plt.subplots(figsize=(6.2, 3.6))
     names = list(results)
     for j, name in enumerate(names):
@@ -149,9 +163,9 @@ def prefix_caching_speedup(results: dict[str, dict[str, float]], paper: dict[str
                 x, r[key], 0.36, color=SEQUENCE_COLORS[i], label=f"prefix caching {key}" if j == 0 else None
             )
             ax.text(x, r[key], f"{r[key]:.1f}", ha="center", va="bottom", fontsize=7)
-        note = f"{r['on'] / r['off']:.2f}x, hit rate {100 * r['hit_rate']:.0f}%"
+        note = f"on / off: {r['on'] / r['off']:.2f}x, hit rate {100 * r['hit_rate']:.0f}%"
         if paper and name in paper:
-            note += f"\n(paper: {paper[name]}x)"
+            note += f"\n(paper, vs Orca (Oracle) on a GPU: {paper[name]}x)"
         ax.text(j, max(r["on"], r["off"]) * 1.12, note, ha="center", va="bottom", fontsize=7.5)
     ax.set_xticks(range(len(names)), names, fontsize=8)
     ax.set_ylabel("requests/s on this CPU")
@@ -159,7 +173,8 @@ def prefix_caching_speedup(results: dict[str, dict[str, float]], paper: dict[str
     ax.legend(fontsize=8, frameon=False, loc="upper left")
     ax.spines[["top", "right"]].set_visible(False)
     ax.set_title(
-        title or "A shared few-shot prefix, computed once (the paper's Figure 16 setup)", fontsize=10
+        title or "A shared few-shot prefix, found by hashing, computed once (the paper's Figure 16 workload)",
+        fontsize=10,
     )
     fig.tight_layout()
     return fig

@@ -5,7 +5,9 @@ OPT-13B/A100 step times, and the mean *normalized latency* (end-to-end seconds d
 tokens) is recorded. Each curve is flat until the manager's memory fills, then climbs steeply as
 requests queue. The rate at which a curve crosses a latency threshold is the rate the system
 sustains; the paper reports paging sustaining 1.7-2.7x the rate of Orca (Oracle) and 2.7-8x that of
-Orca (Max) on ShareGPT. Writes ``figures/latency.{png,json}``.
+Orca (Max) on ShareGPT (Figure 12, §6.2; the ranges span its three models). Ours is one model
+through a cost model, a synthetic trace and a threshold we chose: compare the ordering and the
+rough size, not the digits. Writes ``figures/latency.{png,json}``.
 """
 
 from __future__ import annotations

@@ -15,9 +15,12 @@ all wait from the start (an offline batch, as in vLLM's throughput benchmark). D
 with EOS ignored, so every manager does the same work and must produce the same tokens (checked).
 The model runs in float32: in bfloat16, a different batch composition changes rounding enough to
 flip near-tied greedy choices of the random-weight model, and the check would test rounding.
-The default budget, 1,536 slots, fits three max-length reservations. On a CPU the gain shrinks
-as the budget grows (about 2x with four, 1.6x with eight): a CPU's step time grows with the batch,
-where a GPU's decode step barely does (notebook 07).
+The default budget, 1,536 slots, fits three max-length reservations. How much of paging's larger
+batch becomes a speedup depends on the machine: a CPU's step time grows with the batch, where a
+GPU's decode step barely does (notebook 07; :func:`step_time_by_batch` measures it). With memory
+for every request's max-length reservation, every manager runs the same batch at every step, and
+what difference in tokens per second is left is the managers' own bookkeeping (and noise): at a
+tight budget, the gain comes from the batch.
 The score is output tokens per second of wall time, after one untimed warm-up run; each manager
 runs ``--repeats`` times, interleaved, and its fastest run counts. Run it on a quiet machine: with
 two cores, any other busy process slows torch down several-fold. Writes
@@ -140,6 +143,32 @@ def run(
         "same_outputs": {c: r["outputs"] == reference for c, r in best.items()},
         "timeline": {c: {"seconds": r["times"], "batch": r["batch"]} for c, r in best.items()},
     }
+
+
+BATCH_BINS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 1 << 30))
+
+
+def step_time_by_batch(payload: dict, bins: tuple[tuple[int, int], ...] = BATCH_BINS) -> list[dict]:
+    """Wall time per step against the running batch, pooled over every contender's timeline.
+
+    One row per bin ``(lo, hi)`` of batch sizes that some step had: ``steps`` (how many),
+    ``mean_batch``, ``ms_per_step`` and ``seqs_per_s`` (sequences served per second of those steps,
+    ``mean_batch / step time``). Steps that prefill a prompt chunk are included, so they are not
+    pure decode steps. Timings: as noisy as the run they come from.
+    """
+    pairs = []
+    for timeline in payload["timeline"].values():
+        times, batch = timeline["seconds"], timeline["batch"]
+        pairs += [(batch[i], times[i] - times[i - 1]) for i in range(1, len(times)) if batch[i] > 0]
+    rows = []
+    for lo, hi in bins:
+        inside = [(b, t) for b, t in pairs if lo <= b <= hi]
+        if inside:
+            mean_batch = sum(b for b, _ in inside) / len(inside)
+            seconds = sum(t for _, t in inside) / len(inside)
+            rows.append({"batch": (lo, hi), "steps": len(inside), "mean_batch": mean_batch,
+                         "ms_per_step": 1000 * seconds, "seqs_per_s": mean_batch / seconds})  # fmt: skip
+    return rows
 
 
 def figure(payload: dict) -> Figure:
