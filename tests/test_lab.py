@@ -3,6 +3,7 @@ notebooks it cannot strip safely), the grader grades cell text on its own."""
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
@@ -11,6 +12,7 @@ from paged_attention.lab import EXERCISES
 from paged_attention.lab.checking import CheckFailed, run
 from paged_attention.lab.grader import grade_cell, junit_xml, table
 from paged_attention.lab.notebook import LabError, student_notebook
+from paged_attention.lab.registry import UNPLACED_CHECKS
 from tests.lab_answers import kernels, memory, serving
 
 # For every exercise: answers written apart from the notebooks, one right (written differently from
@@ -39,13 +41,22 @@ ANSWERS = {
 
 
 def test_every_exercise_has_answers_here() -> None:
-    assert set(ANSWERS) == set(EXERCISES)
+    assert set(ANSWERS) == set(EXERCISES) | set(UNPLACED_CHECKS)
+
+
+def grade(exercise_id: str, answer: object, thorough: bool = False) -> int:
+    if exercise_id in EXERCISES:
+        return run(exercise_id, answer, thorough=thorough)
+    module, function = UNPLACED_CHECKS[exercise_id].split(":")
+    return getattr(importlib.import_module(f"paged_attention.lab.{module}"), function)(
+        answer, thorough=thorough
+    )
 
 
 @pytest.mark.parametrize("exercise_id", sorted(ANSWERS))
 def test_a_right_answer_passes(exercise_id: str) -> None:
     right, _ = ANSWERS[exercise_id]
-    assert run(exercise_id, right, thorough=True) > 0
+    assert grade(exercise_id, right, thorough=True) > 0
 
 
 @pytest.mark.parametrize(
@@ -55,7 +66,7 @@ def test_a_right_answer_passes(exercise_id: str) -> None:
 )
 def test_a_wrong_answer_fails(exercise_id: str, wrong: object) -> None:
     with pytest.raises(CheckFailed):
-        run(exercise_id, wrong)
+        grade(exercise_id, wrong)
 
 
 def test_check_names_the_objects_it_takes() -> None:
