@@ -8,13 +8,16 @@ from. Its metadata lists the variants a student might try::
     "metadata": {"paged_attention": {"variants": [{"BLOCK_SIZE": 3}, {"NUM_BLOCKS": 32}]}}
 
 Each variant runs the notebook from the top with a cell after ``parameters`` that assigns the
-overrides. Prose cannot be executed, so the rule for prose is the notebook's own: a sentence whose
-number depends on a parameter prints it from code instead of typing it.
+overrides. ``more_variants`` lists further ones, run when ``PAGED_ATTENTION_ALL_VARIANTS=1`` (they
+keep ``make test`` within its time on two cores). Prose cannot be executed, so the rule for prose
+is the notebook's own: a sentence whose number depends on a parameter prints it from code instead
+of typing it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -29,13 +32,14 @@ def parameters_cell(cells: list[dict]) -> int | None:
     return tagged[0] if tagged else None
 
 
+def listed(nb: dict, everything: bool) -> list[dict]:
+    meta = nb["metadata"].get("paged_attention", {})
+    return meta.get("variants", []) + (meta.get("more_variants", []) if everything else [])
+
+
 def variants() -> list[tuple[str, dict]]:
-    found = []
-    for path in NOTEBOOKS:
-        nb = json.loads(path.read_text())
-        for variant in nb["metadata"].get("paged_attention", {}).get("variants", []):
-            found.append((path.name, variant))
-    return found
+    everything = os.environ.get("PAGED_ATTENTION_ALL_VARIANTS") == "1"
+    return [(path.name, v) for path in NOTEBOOKS for v in listed(json.loads(path.read_text()), everything)]
 
 
 def names(cell: dict) -> set[str]:
@@ -50,13 +54,13 @@ def names(cell: dict) -> set[str]:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_variants_name_real_parameters(path: Path) -> None:
     nb = json.loads(path.read_text())
-    listed = nb["metadata"].get("paged_attention", {}).get("variants", [])
+    every = listed(nb, everything=True)
     index = parameters_cell(nb["cells"])
     if index is None:
-        assert not listed, "variants listed but no cell is tagged 'parameters'"
+        assert not every, "variants listed but no cell is tagged 'parameters'"
         return
     known = names(nb["cells"][index])
-    for variant in listed:
+    for variant in every:
         unknown = sorted(set(variant) - known)
         assert not unknown, f"{unknown} are not assigned in the parameters cell"
 
