@@ -4,11 +4,12 @@ import json
 
 import pytest
 
+from paged_attention.cli.bench import throughput
 from paged_attention.cli.main import main
 from paged_attention.experiments import paper
 from paged_attention.experiments.cost_model import CostModel
 from paged_attention.experiments.serve import figure2_stack, serve, sustainable_rate
-from paged_attention.experiments.traces import synthetic_trace
+from paged_attention.experiments.traces import TRACE_SHAPES, synthetic_trace
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,23 @@ def test_bench_fragmentation_writes_the_figure_2_comparison(tmp_path, capsys):
     payload = _bench(tmp_path, "fragmentation", "--requests", "60")
     assert set(payload["ours"]) == {"max", "pow2", "oracle", "paged", "pow2/first-fit", "oracle/first-fit"}
     assert payload["paper"]["max"] == [20.4, 13.3, 57.3, 8.9]
-    assert "largest gap to the paper" in capsys.readouterr().out
+    assert payload["categories"] == list(paper.FIG2_CATEGORIES)  # the fourth: "external frag. & others"
+    out = capsys.readouterr().out
+    assert "largest gap to the paper" in out and "external frag. & others %" in out
+
+
+def test_memory_is_averaged_over_the_whole_run_when_nobody_waits():
+    quiet = serve(synthetic_trace("sharegpt", 20, request_rate=0.05, seed=0), "paged")
+    assert quiet.saturated_share == 0 and quiet.memory_window.startswith("the whole run")
+    assert quiet.memory["free"] > 0.5  # room it did not need
+    busy = serve(synthetic_trace("sharegpt", 60, seed=0), "max")
+    assert busy.saturated_share > 0 and busy.memory_window == "steps with a request waiting"
+
+
+def test_trace_shapes_take_the_papers_means():
+    for name, shape in TRACE_SHAPES.items():
+        prompt, output = paper.FIG11_MEANS[name]
+        assert (shape.prompt_mean, shape.output_mean) == (round(prompt), round(output))
 
 
 def test_bench_capacity_latency_and_block_size_run_small(tmp_path):
@@ -106,3 +123,9 @@ def test_bench_throughput_measures_every_manager_on_the_real_model(tmp_path, cap
     assert all(payload["same_outputs"].values())
     assert payload["paged_speedup"]["paged"] == 1.0
     assert "same tokens" in capsys.readouterr().out
+    rows = throughput.step_time_by_batch(payload)
+    assert sum(r["steps"] for r in rows) == sum(payload["steps"].values())
+    assert all(r["batch"][0] <= r["mean_batch"] <= r["batch"][1] and r["ms_per_step"] > 0 for r in rows)
+    # 1024 slots hold all 4 max-length (256) reservations: no one waits, every manager runs one batch
+    batches = [t["batch"] for t in payload["timeline"].values()]
+    assert all(b == batches[0] for b in batches)

@@ -261,7 +261,7 @@ class CostModel:
 
 
 PAPER_GPU, PAPER_MODEL = "A100-40GB", "OPT-13B"
-PAPER_KV_BYTES = 12 * 2**30  # the paper's OPT-13B/A100 setup leaves ~12 GB for the KV cache (Fig. 1)
+PAPER_KV_BYTES = 12 * 2**30  # the paper's OPT-13B/A100 setup leaves 12 GB for the KV cache (Table 1)
 
 
 def paper_kv_slots() -> int:

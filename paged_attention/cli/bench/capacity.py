@@ -66,7 +66,8 @@ def figure(payload: dict) -> Figure:
         peaks={label[m]: r["peak_batch"] for m, r in payload["ours"].items()},
         budgets=payload["budgets_gib"],
         by_budget={label[m]: v for m, v in payload["by_budget"].items()},
-        title="Batched requests, ShareGPT-like at 2 req/s: ours and the paper's Figure 13",
+        title=f"Batched requests, ShareGPT-like at {payload['setup']['rate']:g} req/s: "
+        "ours and the paper's Figure 13 (2 req/s)",
     )
 
 
