@@ -112,13 +112,30 @@ _ALL = (
         points=2,
         minutes=25,
     ),
+    Exercise(
+        "06.first_fit",
+        "06_fragmentation.ipynb",
+        "First-fit placement with hole merging",
+        "place a range in the lowest hole that fits; on free, merge the hole with the holes it touches",
+        ("FirstFit",),
+        "checks_serving:first_fit",
+        points=2,
+        minutes=20,
+    ),
+    Exercise(
+        "08.block_hashes",
+        "08_sharing.ipynb",
+        "The block-hash chain for prefix caching",
+        "hash every full block with its parent's hash; the salt is an extra key of block 0 only",
+        ("block_hashes",),
+        "checks_memory:block_hashes",
+        "from paged_attention.memory.prefix_cache import hash_block_tokens\n",
+        minutes=15,
+    ),
 )
 
 EXERCISES: dict[str, Exercise] = {e.exercise_id: e for e in _ALL}
 
-# Checks written ahead of their notebook cells (first-fit placement in notebook 06, the block-hash
-# chain in notebook 08): tested against right and wrong answers, registered once their cells exist.
-UNPLACED_CHECKS = {
-    "06.first_fit": "checks_serving:first_fit",
-    "08.block_hashes": "checks_memory:block_hashes",
-}
+# Checks written ahead of their notebook cells ("id": "module:function"), tested against right and
+# wrong answers and registered above once their cells exist. None wait now.
+UNPLACED_CHECKS: dict[str, str] = {}
