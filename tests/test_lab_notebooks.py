@@ -63,6 +63,18 @@ def test_every_student_exercise_is_unfinished(student: Path, path: Path) -> None
         assert grade.detail.startswith(f"Exercise {grade.exercise_id}: ")
 
 
+def student_run_overrides(nb: dict) -> dict:
+    """The parameters a student copy runs with below: the notebook's own, or, for a notebook whose
+    full run is long, the variant its metadata names as ``student_run`` (one of its listed
+    ``variants``, which tests/test_notebook_variants.py runs on the instructor copy too). Whether a
+    cell outside the exercise and check cells uses what an exercise defines does not depend on the
+    parameters, and the default parameters run under nbval on the instructor copy."""
+    meta = nb["metadata"].get("paged_attention", {})
+    overrides = meta.get("student_run", {})
+    assert not overrides or overrides in meta.get("variants", []), "student_run must be a listed variant"
+    return overrides
+
+
 @pytest.mark.parametrize("path", WITH_EXERCISES, ids=lambda p: p.name)
 def test_the_student_notebook_runs_top_to_bottom(student: Path, path: Path) -> None:
     """Only the exercise and check cells (tagged ``raises-exception``) may fail; every other cell
@@ -71,6 +83,11 @@ def test_the_student_notebook_runs_top_to_bottom(student: Path, path: Path) -> N
     from nbclient import NotebookClient
 
     nb = nbformat.read(student / path.name, as_version=4)
+    overrides = student_run_overrides(nb)
+    if overrides:
+        index = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+        source = "\n".join(f"{key} = {value!r}" for key, value in overrides.items())
+        nb.cells.insert(index + 1, nbformat.v4.new_code_cell(source))
     resources = {"metadata": {"path": str(path.parent)}}
     NotebookClient(nb, timeout=600, kernel_name="python3", resources=resources).execute()
     cells = list(enumerate(nb.cells))
