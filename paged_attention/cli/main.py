@@ -7,6 +7,8 @@
   (``fragmentation``, ``capacity``, ``throughput``, ``latency``, ``block-size``, ``sharing``), each writing
   ``figures/<name>.png`` and the JSON behind it; each measures side by side.
 * ``figures``: regenerate every figure under ``figures/`` by running the notebooks that draw them.
+* ``model fetch``: fetch and convert the real model (SmolLM2-135M-Instruct) once; ``make install`` runs it.
+* ``chat``: a terminal chat with the real model, streaming tokens and showing the KV blocks in use.
 * ``lab``: the course lab: ``list`` the exercises, ``build`` the student notebooks, ``grade`` them.
 """
 
@@ -77,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     figures.add_argument("--timeout", type=int, default=600, help="seconds allowed per notebook")
     figures.add_argument("--notebooks-only", action="store_true", help="skip the experiments (bench ...)")
     sub.add_parser("lab", help="course lab: list, build, grade", add_help=False)
+    sub.add_parser("model", help="the real model's cache: fetch, path", add_help=False)
     opts, rest = parser.parse_known_args(argv)
-    if rest and opts.command not in ("bench", "lab"):  # bench passes the rest to the benchmark's own parser
+    if rest and opts.command not in ("bench", "lab", "model"):  # bench passes the rest to the benchmark's own parser
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     if opts.command == "demo":
@@ -96,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
 
         module = importlib.import_module(f".bench.{opts.name.replace('-', '_')}", __package__)
         module.main(rest)
+    elif opts.command == "model":
+        from .model import main as model_main
+
+        return model_main(rest)
     elif opts.command == "lab":
         from .lab import main as lab_main
 
