@@ -71,6 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--dtype", default=None)
     gen.add_argument("--num-kv-blocks", type=int, default=None)
+    chat = sub.add_parser("chat", help="a terminal chat with the real model, streaming, KV blocks shown")
+    chat.add_argument(
+        "--model", default="HuggingFaceTB/SmolLM2-135M-Instruct", help="a model with a chat template"
+    )
+    chat.add_argument("--system", default=None, help="a system message (default: the template's own)")
+    chat.add_argument("--max-tokens", type=int, default=256)
+    chat.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
+    chat.add_argument("--top-p", type=float, default=1.0)
+    chat.add_argument("--seed", type=int, default=0)
+    chat.add_argument("--num-kv-blocks", type=int, default=256)
+    chat.add_argument("--threads", type=int, default=None, help="torch threads (default: see demo --help)")
     walk = sub.add_parser("walkthrough", help="paged KV memory step by step")
     walk.add_argument("--seed", type=int, default=0)
     bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
@@ -81,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("lab", help="course lab: list, build, grade", add_help=False)
     sub.add_parser("model", help="the real model's cache: fetch, path", add_help=False)
     opts, rest = parser.parse_known_args(argv)
-    if rest and opts.command not in ("bench", "lab", "model"):  # bench passes the rest to the benchmark's own parser
+    if rest and opts.command not in (
+        "bench",
+        "lab",
+        "model",
+    ):  # bench passes the rest to the benchmark's own parser
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     if opts.command == "demo":
@@ -90,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         run_demo(opts.requests, opts.num_kv_blocks, opts.block_size, opts.seed)
     elif opts.command == "generate":
         _generate(opts)
+    elif opts.command == "chat":
+        from .chat import run_chat
+
+        run_chat(opts)
     elif opts.command == "walkthrough":
         from .walkthrough import run_walkthrough
 

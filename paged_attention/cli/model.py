@@ -15,7 +15,9 @@ from ..engine.pretrained import SMOLLM2, CheckpointError, fetch_pretrained, pret
 
 
 def main(args: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m paged_attention model", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m paged_attention model", description=__doc__.split("\n")[0]
+    )
     sub = parser.add_subparsers(dest="action", required=True)
     fetch = sub.add_parser("fetch", help="fetch, verify and convert the model once (make install runs it)")
     fetch.add_argument("--model", default=SMOLLM2.name, help="the model's name (default: %(default)s)")
