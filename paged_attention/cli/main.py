@@ -1,6 +1,7 @@
 """Command line: ``python -m paged_attention {demo, generate, walkthrough, bench, figures}``.
 
-* ``demo``: the main job: serve a batch of requests with the embedded model under a small KV budget.
+* ``demo``: the main job: real prompts on SmolLM2 under one KV budget, paged vs contiguous, side by side
+  (``--model tiny``: the embedded random model, in seconds).
 * ``generate``: stream one completion from a model (``--model`` folder or cached hub name).
 * ``walkthrough``: paged KV memory step by step (allocator, page tables, fork, copy-on-write).
 * ``bench <name>``: benchmarks (``allocator``, ``kernel``, ``engine``) and the paper's experiments
@@ -57,10 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m paged_attention", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="serve a batch of requests under a small KV budget")
-    demo.add_argument("--requests", type=int, default=48)
-    demo.add_argument("--num-kv-blocks", type=int, default=96)
+    demo = sub.add_parser("demo", help="paged vs contiguous KV memory on the real model (or --model tiny)")
+    demo.add_argument("--model", default="smollm2", help="smollm2 (default), or tiny: the embedded model")
+    demo.add_argument("--requests", type=int, default=None, help="default: 16 (smollm2), 48 (tiny)")
+    demo.add_argument("--num-kv-blocks", type=int, default=None, help="default: 64 (smollm2), 96 (tiny)")
     demo.add_argument("--block-size", type=int, default=16)
+    demo.add_argument("--max-tokens", type=int, default=48, help="smollm2: output tokens per answer")
+    demo.add_argument("--threads", type=int, default=None, help="torch threads (default: 2, 1 if busy)")
     demo.add_argument("--seed", type=int, default=0)
     gen = sub.add_parser("generate", help="stream one completion")
     gen.add_argument("--model", default=None, help="checkpoint folder or cached hub name (default: embedded)")
@@ -100,9 +104,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     if opts.command == "demo":
-        from .demo import run_demo
+        if opts.model == "tiny":
+            from .demo_tiny import run_tiny_demo
 
-        run_demo(opts.requests, opts.num_kv_blocks, opts.block_size, opts.seed)
+            run_tiny_demo(opts.requests or 48, opts.num_kv_blocks or 96, opts.block_size, opts.seed)
+        else:
+            from .demo import run_demo
+
+            run_demo(opts.requests or 16, opts.num_kv_blocks or 64, opts.block_size,
+                     max_tokens=opts.max_tokens, threads=opts.threads, model=opts.model)  # fmt: skip
     elif opts.command == "generate":
         _generate(opts)
     elif opts.command == "chat":
