@@ -24,7 +24,10 @@ def test_walkthrough_runs_for_other_seeds(seed, capsys):
 
 
 def test_demo_serves_a_batch_under_a_small_budget(capsys):
-    assert main(["demo", "--requests", "6", "--num-kv-blocks", "32", "--block-size", "8"]) == 0
+    assert (
+        main(["demo", "--model", "tiny", "--requests", "6", "--num-kv-blocks", "32", "--block-size", "8"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "served 6 requests" in out and "preemptions:" in out
     assert "every block is free again: True" in out

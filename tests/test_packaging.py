@@ -53,3 +53,15 @@ def test_ci_runs_the_readme_test_command():
 def test_docstring_examples_run():
     result = doctest.testmod(paged_attention.memory.allocator)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_install_fetches_the_real_model_with_pinned_converters():
+    """``make install`` (so ``make demo``/``make test`` on a fresh clone) ends by fetching SmolLM2;
+    the packages that convert it are pinned, and the conda path says to run the same command."""
+    makefile = (ROOT / "Makefile").read_text()
+    install = makefile[makefile.index("install: $(STAMP)") :].split("\n\n")[0]
+    assert "-m paged_attention model fetch" in install
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert "gguf==0.19.0" in deps and "accelerate==1.15.0" in deps
+    env = (ROOT / "environment.yml").read_text()
+    assert "gguf==0.19.0" in env and "python -m paged_attention model fetch" in env

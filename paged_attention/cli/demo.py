@@ -1,88 +1,157 @@
-"""``python -m paged_attention demo``: serve a batch of requests under a small KV-cache budget.
+"""``python -m paged_attention demo``: the main job: paged against contiguous KV memory on a real model.
 
-The main job of the project in one command. The embedded tiny Llama (random weights, so its text
-is gibberish; the memory behaviour is what matters) serves a seeded batch of prompts through the
-continuous-batching engine on paged KV memory deliberately too small for all of them at once.
-It prints what an operator watches: output tokens per second, how many sequences ran at the same
-time, how often the scheduler had to preempt, and how full the KV cache was.
+SmolLM2-135M-Instruct (fetched and converted at install) answers a batch of real questions twice,
+with the same model, the same prompts, greedy decoding and the *same KV-cache bytes*:
+
+* **contiguous**: each request reserves its whole range up front, the model's maximum length
+  (``--max-model-len``), as serving systems did before PagedAttention (the paper's "Max" Orca);
+* **paged**: each request takes 16-token blocks as its tokens arrive (this package's engine).
+
+The budget is chosen so that the choice matters: it holds only a few max-length reservations, but
+many requests' actual tokens. The demo prints, side by side, how many requests ran at once, output
+tokens per second, how much of the KV memory held token states (rather than reserved or free slots),
+preemptions, and whether the two runs wrote the same tokens; then a few of the answers. Prefix
+caching is off in both, so the memory layout is the only difference. ``--model tiny`` runs the old
+demo on the embedded random model instead (seconds; gibberish text, real memory behaviour).
 """
 
 from __future__ import annotations
 
-import random
 import time
 
-from ..engine.llm_engine import LLMEngine
-from ..engine.models import DEFAULT_MODEL_NAME
-from ..engine.sampling import RequestOutputKind, SamplingParams
+from tqdm.auto import tqdm
 
-SENTENCE = (
-    "the page table maps each logical block of a sequence to a physical block of the cache so memory "
-    "is taken one block at a time as tokens arrive and returned the moment a request finishes"
+from ..baselines.engines import baseline_engine
+from ..engine.chat import render_chat
+from ..engine.models import load_model
+from ..engine.pretrained import SMOLLM2, find_pretrained
+from ..engine.sampling import RequestOutputKind, SamplingParams
+from ._threads import set_threads
+
+QUESTIONS = (
+    "What is the capital of France? Answer in one sentence.",
+    "Name three primary colors.",
+    "Why is the sky blue? Answer briefly.",
+    "Give me a synonym for 'happy'.",
+    "What does a CPU do? One sentence.",
+    "Write a haiku about the sea.",
+    "How many legs does a spider have?",
+    "What is 12 times 12?",
+    "Suggest a name for a pet goldfish.",
+    "What is photosynthesis? Explain in two sentences.",
+    "Translate 'good morning' into Spanish.",
+    "What is the boiling point of water in Celsius?",
+    "List two benefits of regular exercise.",
+    "Who wrote Romeo and Juliet?",
+    "What is a computer's memory used for? Answer briefly.",
+    "Give one tip for learning a new language.",
+    "What is the largest planet in our solar system?",
+    "Describe a cat in one sentence.",
+    "What is the opposite of 'cold'?",
+    "Why do we need sleep? Answer briefly.",
+    "What is the chemical symbol for gold?",
+    "Name a fruit that is yellow.",
+    "How do airplanes stay in the air? One sentence.",
+    "What is the freezing point of water in Fahrenheit?",
 )
 
 
-def demo_requests(num_requests: int, seed: int) -> list[tuple[str, SamplingParams]]:
-    """Seeded prompts of 4-40 words, each asking for 16-128 tokens."""
-    rng = random.Random(seed)
-    words = SENTENCE.split()
-    requests = []
-    for i in range(num_requests):
-        prompt = " ".join(rng.choice(words) for _ in range(rng.randint(4, 40)))
-        params = SamplingParams(
-            temperature=0.8, top_p=0.95, max_tokens=rng.randint(16, 128), seed=seed + i,
-            output_kind=RequestOutputKind.FINAL_ONLY,  # a batch job: one output per request
-        )  # fmt: skip
-        requests.append((prompt, params))
-    return requests
-
-
-def run_demo(num_requests: int = 48, num_kv_blocks: int = 96, block_size: int = 16, seed: int = 0) -> dict:
-    from tqdm.auto import tqdm
-
-    engine = LLMEngine(DEFAULT_MODEL_NAME, block_size=block_size, num_kv_blocks=num_kv_blocks, seed=seed)
-    slots = num_kv_blocks * block_size
-    mib = num_kv_blocks * engine.spec.bytes_per_block(block_size) / 2**20
-    print(
-        f"model: {DEFAULT_MODEL_NAME} (random weights), KV cache: {num_kv_blocks} blocks x {block_size} "
-        f"slots = {slots} token slots ({mib:.1f} MiB)"
-    )
-    requests = demo_requests(num_requests, seed)
-    for i, (prompt, params) in enumerate(requests):
+def _serve(engine, prompts: list[dict], params: SamplingParams, label: str) -> dict:
+    """Serve every prompt to the end through the public streaming step; measure as it goes."""
+    for i, prompt in enumerate(prompts):
         engine.add_request(str(i), prompt, params)
-    peak_running, usage, outputs = 0, [], {}
+    outputs, batch, token_share = {}, [], []
     start = time.perf_counter()
-    with tqdm(total=num_requests, desc="requests", unit="req") as bar:
+    with tqdm(total=len(prompts), desc=f"{label:>10}", unit="req", leave=True) as bar:
         while engine.has_unfinished_requests():
             for out in engine.step():
-                outputs[out.request_id] = out
-                bar.update(1)
-            stats = engine.last_step
-            peak_running = max(peak_running, stats.num_scheduled_seqs)
-            usage.append(stats.kv_usage)
+                if out.finished:
+                    outputs[int(out.request_id)] = out
+                    bar.update(1)
+            step = engine.last_step
+            if step.num_scheduled_seqs:
+                batch.append(step.num_scheduled_seqs)
+                report = engine.cache_manager.memory_report()
+                token_share.append(report.token_slots / report.total_slots)
     seconds = time.perf_counter() - start
-    out_tokens = sum(len(o.outputs[0].token_ids) for o in outputs.values())
-    needed = sum(len(o.prompt_token_ids) + len(o.outputs[0].token_ids) for o in outputs.values())
-    summary = {
-        "requests": len(outputs),
-        "output_tokens": out_tokens,
+    ordered = [outputs[i] for i in range(len(prompts))]
+    tokens = sum(len(o.outputs[0].token_ids) for o in ordered)
+    return {
+        "outputs": ordered,
         "seconds": seconds,
-        "output_tokens_per_second": out_tokens / seconds,
-        "peak_running": peak_running,
+        "output_tokens": tokens,
+        "tokens_per_second": tokens / seconds,
+        "peak_running": max(batch),
+        "mean_running": sum(batch) / len(batch),
+        "token_share": sum(token_share) / len(token_share),
         "preemptions": engine.scheduler.num_preemptions,
-        "mean_kv_usage": sum(usage) / len(usage),
-        "peak_kv_usage": max(usage),
-        "steps": len(usage),
+        "steps": len(batch),
+        "all_free": engine.cache_manager.num_free_blocks == engine.cache_manager.num_blocks,
     }
+
+
+def run_demo(
+    num_requests: int = 16,
+    num_kv_blocks: int = 64,
+    block_size: int = 16,
+    max_model_len: int = 256,
+    max_tokens: int = 48,
+    threads: int | None = None,
+    model: str = SMOLLM2.name,
+    show: int = 3,
+) -> dict:
+    """Run the comparison (see the module docstring) and print it; returns both runs' numbers."""
+    if not 1 <= num_requests <= len(QUESTIONS):
+        raise ValueError(f"num_requests must be 1..{len(QUESTIONS)}, got {num_requests}")
+    threads = set_threads(threads)
+    model = find_pretrained(model).name if find_pretrained(model) else model
+    start = time.perf_counter()
+    hf_model, tokenizer = load_model(model)
+    loaded = time.perf_counter() - start
+    prompts = [render_chat(tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS[:num_requests]]
+    slots = num_kv_blocks * block_size
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, output_kind=RequestOutputKind.FINAL_ONLY)
     print(
-        f"served {summary['requests']} requests, {out_tokens} output tokens in {seconds:.1f} s "
-        f"({summary['output_tokens_per_second']:.0f} tokens/s on this machine) over {len(usage)} steps"
+        f"model: {model} ({sum(p.numel() for p in hf_model.parameters()) / 1e6:.0f}M parameters, "
+        f"loaded in {loaded:.1f} s), torch threads: {threads}\n"
+        f"{num_requests} chat prompts ({min(len(p['prompt_token_ids']) for p in prompts)}-"
+        f"{max(len(p['prompt_token_ids']) for p in prompts)} tokens), greedy, up to {max_tokens} "
+        f"output tokens each\nKV budget for both: {slots} token slots ({num_kv_blocks} blocks x "
+        f"{block_size}); contiguous reserves max_model_len={max_model_len} slots per request"
     )
-    print(f"all of them at once would need {needed} token slots; the cache has {slots}")
-    print(f"peak concurrent sequences: {peak_running}   preemptions: {summary['preemptions']}")
-    print(f"KV cache blocks in use: mean {summary['mean_kv_usage']:.0%}, peak {summary['peak_kv_usage']:.0%}")
-    print(f"every block is free again: {engine.cache_manager.num_free_blocks == num_kv_blocks}")
-    first = outputs["0"]
-    print(f"\nrequest 0: {first.prompt!r}\n  -> {first.outputs[0].text!r} ({first.outputs[0].finish_reason})")
-    print("\nNext: `python -m paged_attention walkthrough` shows the page tables step by step.")
-    return summary
+    runs = {}
+    for label, manager in (("contiguous", "max"), ("paged", "paged")):
+        engine = baseline_engine(
+            hf_model, tokenizer, kv_manager=manager, num_kv_blocks=num_kv_blocks, block_size=block_size,
+            max_model_len=max_model_len, enable_prefix_caching=False,
+        )  # fmt: skip
+        runs[label] = _serve(engine, prompts, params, label)
+    contiguous, paged = runs["contiguous"], runs["paged"]
+    same = sum(
+        a.outputs[0].token_ids == b.outputs[0].token_ids
+        for a, b in zip(contiguous["outputs"], paged["outputs"], strict=True)
+    )
+    rows = (
+        ("requests running at once (peak)", "peak_running", "{:.0f}"),
+        ("requests running at once (mean)", "mean_running", "{:.1f}"),
+        ("output tokens/s", "tokens_per_second", "{:.1f}"),
+        ("wall time, s", "seconds", "{:.1f}"),
+        ("KV memory holding token states", "token_share", "{:.0%}"),
+        ("preemptions", "preemptions", "{:d}"),
+        ("engine steps", "steps", "{:d}"),
+    )
+    print(f"\n{'':34}{'contiguous':>12}{'paged':>10}")
+    for name, key, fmt in rows:
+        print(f"{name:34}{fmt.format(contiguous[key]):>12}{fmt.format(paged[key]):>10}")
+    print(f"{'identical outputs':34}{f'{same}/{num_requests}':>22}")
+    speedup = paged["tokens_per_second"] / contiguous["tokens_per_second"]
+    print(f"\npaged: {speedup:.2f}x the throughput in the same KV memory; every block free again: "
+          f"{paged['all_free'] and contiguous['all_free']}")  # fmt: skip
+    for i in range(min(show, num_requests)):
+        answer = paged["outputs"][i].outputs[0]
+        print(f"\n> {QUESTIONS[i]}\n  {answer.text.strip()}  [{answer.finish_reason}]")
+    print(
+        "\nNext: `python -m paged_attention chat` to talk to it; `demo --model tiny` for the "
+        "embedded model; `walkthrough` for the page tables step by step."
+    )
+    return {"contiguous": contiguous, "paged": paged, "identical": same, "threads": threads}

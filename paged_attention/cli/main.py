@@ -1,12 +1,15 @@
 """Command line: ``python -m paged_attention {demo, generate, walkthrough, bench, figures}``.
 
-* ``demo``: the main job: serve a batch of requests with the embedded model under a small KV budget.
+* ``demo``: the main job: real prompts on SmolLM2 under one KV budget, paged vs contiguous, side by side
+  (``--model tiny``: the embedded random model, in seconds).
 * ``generate``: stream one completion from a model (``--model`` folder or cached hub name).
 * ``walkthrough``: paged KV memory step by step (allocator, page tables, fork, copy-on-write).
 * ``bench <name>``: benchmarks (``allocator``, ``kernel``, ``engine``) and the paper's experiments
   (``fragmentation``, ``capacity``, ``throughput``, ``latency``, ``block-size``, ``sharing``), each writing
   ``figures/<name>.png`` and the JSON behind it; each measures side by side.
 * ``figures``: regenerate every figure under ``figures/`` by running the notebooks that draw them.
+* ``model fetch``: fetch and convert the real model (SmolLM2-135M-Instruct) once; ``make install`` runs it.
+* ``chat``: a terminal chat with the real model, streaming tokens and showing the KV blocks in use.
 * ``lab``: the course lab: ``list`` the exercises, ``build`` the student notebooks, ``grade`` them.
 """
 
@@ -55,10 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m paged_attention", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="serve a batch of requests under a small KV budget")
-    demo.add_argument("--requests", type=int, default=48)
-    demo.add_argument("--num-kv-blocks", type=int, default=96)
+    demo = sub.add_parser("demo", help="paged vs contiguous KV memory on the real model (or --model tiny)")
+    demo.add_argument("--model", default="smollm2", help="smollm2 (default), or tiny: the embedded model")
+    demo.add_argument("--requests", type=int, default=None, help="default: 16 (smollm2), 48 (tiny)")
+    demo.add_argument("--num-kv-blocks", type=int, default=None, help="default: 64 (smollm2), 96 (tiny)")
     demo.add_argument("--block-size", type=int, default=16)
+    demo.add_argument("--max-tokens", type=int, default=48, help="smollm2: output tokens per answer")
+    demo.add_argument("--threads", type=int, default=None, help="torch threads (default: 2, 1 if busy)")
     demo.add_argument("--seed", type=int, default=0)
     gen = sub.add_parser("generate", help="stream one completion")
     gen.add_argument("--model", default=None, help="checkpoint folder or cached hub name (default: embedded)")
@@ -69,6 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--dtype", default=None)
     gen.add_argument("--num-kv-blocks", type=int, default=None)
+    chat = sub.add_parser("chat", help="a terminal chat with the real model, streaming, KV blocks shown")
+    chat.add_argument(
+        "--model", default="HuggingFaceTB/SmolLM2-135M-Instruct", help="a model with a chat template"
+    )
+    chat.add_argument("--system", default=None, help="a system message (default: the template's own)")
+    chat.add_argument("--max-tokens", type=int, default=256)
+    chat.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
+    chat.add_argument("--top-p", type=float, default=1.0)
+    chat.add_argument("--seed", type=int, default=0)
+    chat.add_argument("--num-kv-blocks", type=int, default=256)
+    chat.add_argument("--threads", type=int, default=None, help="torch threads (default: see demo --help)")
     walk = sub.add_parser("walkthrough", help="paged KV memory step by step")
     walk.add_argument("--seed", type=int, default=0)
     bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
@@ -77,16 +94,31 @@ def main(argv: list[str] | None = None) -> int:
     figures.add_argument("--timeout", type=int, default=600, help="seconds allowed per notebook")
     figures.add_argument("--notebooks-only", action="store_true", help="skip the experiments (bench ...)")
     sub.add_parser("lab", help="course lab: list, build, grade", add_help=False)
+    sub.add_parser("model", help="the real model's cache: fetch, path", add_help=False)
     opts, rest = parser.parse_known_args(argv)
-    if rest and opts.command not in ("bench", "lab"):  # bench passes the rest to the benchmark's own parser
+    if rest and opts.command not in (
+        "bench",
+        "lab",
+        "model",
+    ):  # bench passes the rest to the benchmark's own parser
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     if opts.command == "demo":
-        from .demo import run_demo
+        if opts.model == "tiny":
+            from .demo_tiny import run_tiny_demo
 
-        run_demo(opts.requests, opts.num_kv_blocks, opts.block_size, opts.seed)
+            run_tiny_demo(opts.requests or 48, opts.num_kv_blocks or 96, opts.block_size, opts.seed)
+        else:
+            from .demo import run_demo
+
+            run_demo(opts.requests or 16, opts.num_kv_blocks or 64, opts.block_size,
+                     max_tokens=opts.max_tokens, threads=opts.threads, model=opts.model)  # fmt: skip
     elif opts.command == "generate":
         _generate(opts)
+    elif opts.command == "chat":
+        from .chat import run_chat
+
+        run_chat(opts)
     elif opts.command == "walkthrough":
         from .walkthrough import run_walkthrough
 
@@ -96,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
 
         module = importlib.import_module(f".bench.{opts.name.replace('-', '_')}", __package__)
         module.main(rest)
+    elif opts.command == "model":
+        from .model import main as model_main
+
+        return model_main(rest)
     elif opts.command == "lab":
         from .lab import main as lab_main
 

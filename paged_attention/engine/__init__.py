@@ -11,8 +11,10 @@ The path of a request, module by module::
     sampling           SamplingParams and the batched sampler    stop_checker  when a sequence ends
     outputs            RequestOutput / CompletionOutput (vLLM's) and step counters
     llm_engine         LLMEngine: add_request / step / abort_request
-    llm                LLM: vLLM's offline front (generate, beam_search)
+    llm                LLM: vLLM's offline front (generate, chat, beam_search)
+    chat               conversations checked and rendered by the chat template
     models, embedded   loading any model offline; the embedded tiny Llama
+    pretrained         SmolLM2-135M-Instruct: fetched at install (sha256-checked), converted once, verified
 
 The engine uses :mod:`paged_attention.memory` and :mod:`paged_attention.kernels` and never imports
 the apparatus around it (baselines, experiments, pictures, commands).

@@ -1,6 +1,7 @@
 """Prompts as users write them (vLLM's forms) turned into token ids.
 
 A prompt is a string, a list of token ids, or a dict with ``"prompt"`` or ``"prompt_token_ids"``
+(both: the ids are served and the text is reported, as for ``LLM.chat``)
 (and optionally ``"cache_salt"``: only requests with the same salt share prefix-cache blocks).
 ``LLM.generate`` takes one prompt or a list of them.
 """
@@ -35,6 +36,10 @@ def tokenize(prompt: Prompt, tokenizer: PreTrainedTokenizerBase) -> tuple[str | 
     if cache_salt is not None and not isinstance(cache_salt, str):
         raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
     if isinstance(prompt, dict):
+        text = prompt.get("prompt")
+        if "prompt_token_ids" in prompt and isinstance(text, str):  # both (LLM.chat): keep the text
+            _, ids, _ = tokenize(prompt["prompt_token_ids"], tokenizer)
+            return text, ids, cache_salt
         if "prompt_token_ids" in prompt:
             prompt = prompt["prompt_token_ids"]
         elif "prompt" in prompt:

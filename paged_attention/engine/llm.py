@@ -47,6 +47,40 @@ class LLM:
     def get_tokenizer(self) -> PreTrainedTokenizerBase:
         return self.llm_engine.tokenizer
 
+    def chat(
+        self,
+        messages: Sequence[Any],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool | Callable[..., Any] = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Answer one conversation or a list of them (vLLM's ``LLM.chat``); one output each, in order.
+
+        A conversation is a list of ``{"role": ..., "content": ...}`` dicts. Each is rendered by the
+        tokenizer's chat template (or ``chat_template``) and served like :meth:`generate`; the output's
+        ``prompt`` is the rendered text. Malformed messages raise ``TypeError``/``ValueError`` naming
+        the conversation and message, before any work starts.
+        """
+        from .chat import as_conversations, render_chat
+
+        conversations = as_conversations(messages)
+        tokenizer = self.get_tokenizer()
+        prompts: list[Prompt] = [
+            render_chat(
+                tokenizer,
+                c,
+                add_generation_prompt,
+                continue_final_message,
+                chat_template,
+                chat_template_kwargs,
+            )
+            for c in conversations
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],

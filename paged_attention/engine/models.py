@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # transformers is imported lazily: `import paged_attention` s
 
 from .._checks import DTYPE_NAMES
 from .embedded import DEFAULT_MODEL_NAME, default_model_path, quiet_progress
+from .pretrained import CheckpointError, find_pretrained, pretrained_path
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -94,6 +95,9 @@ def load_model(
     - ``None`` or :data:`DEFAULT_MODEL_NAME`: the embedded tiny Llama, built on first use
       (see :func:`default_model_path`);
     - a local folder holding a transformers checkpoint (``config.json`` and weights);
+    - ``"HuggingFaceTB/SmolLM2-135M-Instruct"`` (or ``"smollm2"``): the real model fetched and
+      converted at install (:mod:`.pretrained`); a missing or corrupt cache is an error naming
+      the command that repairs it;
     - a Hugging Face hub name, such as ``"Qwen/Qwen2-0.5B"``, that is already in the local cache.
       Nothing is ever downloaded: this package runs without a network.
 
@@ -164,6 +168,11 @@ def _locate(name: str | os.PathLike | None) -> str:
     """Where ``from_pretrained`` should look: a local folder, or a hub name found in the local cache."""
     if name is None or (isinstance(name, str) and name == DEFAULT_MODEL_NAME):
         return str(default_model_path())
+    if find_pretrained(name) is not None:  # SmolLM2, fetched at install: its verified cache folder
+        try:
+            return str(pretrained_path(find_pretrained(name)))
+        except CheckpointError as err:
+            raise ValueError(str(err)) from err
     path = Path(name).expanduser()
     if path.is_dir():
         return str(path)

@@ -29,7 +29,9 @@ import torch
 
 from ...engine.llm_engine import LLMEngine
 from ...engine.models import load_model
+from ...engine.pretrained import find_pretrained
 from ...engine.sampling import RequestOutputKind, SamplingParams
+from .._threads import set_threads
 
 FINAL_ONLY = RequestOutputKind.FINAL_ONLY  # one output per request, as LLM.generate
 
@@ -44,10 +46,19 @@ class Workload:
         return sum(self.output_lens)
 
 
-def make_workload(num_requests: int, vocab_size: int, seed: int) -> Workload:
+def make_workload(
+    num_requests: int,
+    vocab_size: int,
+    seed: int,
+    prompt_lens: tuple[int, int] = (8, 64),
+    output_lens: tuple[int, int] = (16, 128),
+) -> Workload:
+    """Seeded random-token prompts and output lengths, each uniform over its inclusive range."""
     rng = random.Random(seed)
-    prompts = [[rng.randrange(3, vocab_size) for _ in range(rng.randint(8, 64))] for _ in range(num_requests)]
-    return Workload(prompts, [rng.randint(16, 128) for _ in range(num_requests)])
+    prompts = [
+        [rng.randrange(3, vocab_size) for _ in range(rng.randint(*prompt_lens))] for _ in range(num_requests)
+    ]
+    return Workload(prompts, [rng.randint(*output_lens) for _ in range(num_requests)])
 
 
 def static_batch_slots(work: Workload, batch_size: int) -> int:
@@ -79,17 +90,21 @@ def run_paged(
             outputs[int(out.request_id)] = out.outputs[0].token_ids
         steps.append(engine.last_step)
     seconds = time.perf_counter() - start
-    busy = [s for s in steps if s.num_scheduled_seqs >= 32] or steps
+    peak = max(s.num_scheduled_seqs for s in steps)
+    busy = [s for s in steps if s.num_scheduled_seqs >= min(32, peak)] or steps
     total = sum(s.seconds for s in busy)
     overhead = sum(s.schedule_seconds + s.prepare_seconds for s in busy) / total
+    outside_forward = 1 - sum(s.forward_seconds for s in busy) / total
     return {
         "seconds": seconds,
         "outputs": [outputs[i] for i in range(len(work.prompts))],
         "overhead": overhead,
+        "outside_forward": outside_forward,
+        "busy_batch": min(s.num_scheduled_seqs for s in busy),
         "schedule_share": sum(s.schedule_seconds for s in busy) / total,
         "overhead_steps": len(busy),
         "steps": len(steps),
-        "peak_batch": max(s.num_scheduled_seqs for s in steps),
+        "peak_batch": peak,
         "preemptions": engine.scheduler.num_preemptions,
     }
 
@@ -141,35 +156,48 @@ def main(args: list[str] | None = None) -> None:
         prog="python -m paged_attention bench engine", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
-        "--model", default=None, help="checkpoint folder or cached hub name (default: embedded)"
+        "--model", default=None, help="checkpoint folder, cached hub name or smollm2 (default: embedded)"
     )
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--batch-size", type=int, default=32, help="static batch size (sets the KV budget)")
+    parser.add_argument("--requests", type=int, default=64, help="fewer for a quick run")
+    parser.add_argument("--batch-size", type=int, default=None, help="static batch size (sets the KV budget)")
+    parser.add_argument("--prompt-lens", type=int, nargs=2, default=None, metavar=("MIN", "MAX"))
+    parser.add_argument("--output-lens", type=int, nargs=2, default=None, metavar=("MIN", "MAX"))
     parser.add_argument(
         "--max-num-seqs", type=int, default=256, help="the paged engine's running-sequence cap"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=3, help="runs per method; the fastest counts")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per method; the fastest counts")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: 2, 1 if busy)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["hf-static", "hf-continuous"])
     opts = parser.parse_args(args)
+    real = find_pretrained(opts.model) is not None  # a real model: the issue's workload, one run each
+    batch_size = opts.batch_size or (16 if real else 32)
+    prompt_lens = tuple(opts.prompt_lens or ((16, 256) if real else (8, 64)))
+    output_lens = tuple(opts.output_lens or ((16, 256) if real else (16, 128)))
+    repeats = opts.repeats or (1 if real else 3)
+    threads = set_threads(opts.threads)
     ours_model, tokenizer = load_model(opts.model)
     hf_model, _ = load_model(opts.model)  # a separate instance: our engine swaps the attention function
-    work = make_workload(opts.requests, ours_model.config.vocab_size, opts.seed)
+    if not hasattr(hf_model, "continuous_batching_context_manager") and "hf-continuous" not in opts.skip:
+        print("this transformers has no continuous batching (generate_batch): hf-continuous skipped")
+        opts.skip.append("hf-continuous")
+    work = make_workload(opts.requests, ours_model.config.vocab_size, opts.seed, prompt_lens, output_lens)
     print(
-        f"{opts.requests} requests, prompts 8-64 tokens, "
-        f"outputs 16-128 tokens ({work.useful_tokens} in all), "
-        f"static batch size {opts.batch_size}, torch threads {torch.get_num_threads()}"
+        f"model {opts.model or 'embedded'}: {opts.requests} requests, "
+        f"prompts {prompt_lens[0]}-{prompt_lens[1]} tokens, outputs {output_lens[0]}-{output_lens[1]} "
+        f"tokens, EOS ignored ({work.useful_tokens} in all), "
+        f"static batch size {batch_size}, torch threads {threads}"
     )
-    kv_slots = static_batch_slots(work, opts.batch_size)
+    kv_slots = static_batch_slots(work, batch_size)
     print(f"KV budget of both batched methods: {kv_slots} token slots (one padded static batch)")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     contenders = {
         "paged-engine": lambda: run_paged(ours_model, tokenizer, work, kv_slots, opts.max_num_seqs),
-        "hf-static": lambda: run_hf_static(hf_model, pad, work, opts.batch_size),
+        "hf-static": lambda: run_hf_static(hf_model, pad, work, batch_size),
         "hf-continuous": lambda: run_hf_continuous(hf_model, work),
     }
     results = {}
-    for _ in range(opts.repeats):  # interleaved, so that a noisy moment hurts every method alike
+    for _ in range(repeats):  # interleaved, so that a noisy moment hurts every method alike
         for name, run in contenders.items():
             if name in opts.skip:
                 continue
@@ -179,6 +207,7 @@ def main(args: list[str] | None = None) -> None:
                 print(f"{name} failed: {type(err).__name__}: {err}")
                 opts.skip.append(name)
                 continue
+            print(f"  {name}: {r['seconds']:.1f} s")
             if name not in results or r["seconds"] < results[name]["seconds"]:
                 results[name] = r
     ours = results["paged-engine"]
@@ -191,10 +220,12 @@ def main(args: list[str] | None = None) -> None:
         )
     print(
         f"\npaged-engine: up to {ours['peak_batch']} sequences per step in that KV memory, "
-        f"{ours['preemptions']} preemptions; best of {opts.repeats} runs each"
+        f"{ours['preemptions']} preemptions; best of {repeats} run(s) each, torch threads {threads}"
     )
     print(
-        f"paged-engine bookkeeping: {ours['overhead']:.1%} of step time (scheduler + allocator "
-        f"{ours['schedule_share']:.1%}, batch packing {ours['overhead'] - ours['schedule_share']:.1%}) over "
-        f"{ours['overhead_steps']} steps with >= 32 sequences ({ours['steps']} steps in all)"
+        f"paged-engine overhead over the {ours['overhead_steps']} steps with >= {ours['busy_batch']} "
+        f"sequences "
+        f"({ours['steps']} steps in all): {ours['outside_forward']:.1%} of step time outside the model "
+        f"forward; bookkeeping {ours['overhead']:.1%} (scheduler + allocator {ours['schedule_share']:.1%}, "
+        f"batch packing {ours['overhead'] - ours['schedule_share']:.1%})"
     )
