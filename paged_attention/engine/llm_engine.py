@@ -46,6 +46,7 @@ from .sampling import BeamSearchParams, Sampler, SamplingParams
 from .scheduler import Scheduler, SchedulerOutput, SchedulingPolicy
 from .sequence import Sequence
 from .stop_checker import StopChecker
+from .transaction import StepTransaction
 
 #: Builds the cache manager from ``(num_blocks, block_size, max_model_len)``, the budget the engine
 #: sized; the KV tensors then take the manager's own ``num_blocks`` x ``block_size`` geometry. The
@@ -257,9 +258,35 @@ class LLMEngine:
 
     # -- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, execute, sample, post-process; the outputs of the requests that moved on."""
+        """Schedule, execute, sample, post-process; the outputs of the requests that moved on.
+
+        A step is a transaction (:mod:`.transaction`): if anything raises inside it (Ctrl-C, out
+        of memory, a bad value found mid-step), everything it changed is rolled back (page tables,
+        allocator, prefix cache, queues, counters, random generators, the K/V of blocks it took from
+        others) and the exception reaches the caller. The engine is then exactly as before the
+        step: the next ``step()`` produces the tokens an uninterrupted run would.
+        """
+        requests = list(self._requests.values())
+        scheduler = self.scheduler
+        transaction = StepTransaction(
+            [self, scheduler, scheduler.scheduling_policy, self.pool]
+            + [part for request in requests for part in request.mutable_parts()],
+            [self.sampler.shared_generator]
+            + [s.generator for request in requests for s in request.seqs if s.generator is not None],
+            self.cache_manager, self.kv_cache, self.cpu_cache,
+        )  # fmt: skip
+        try:
+            outputs = self._step(transaction)
+            transaction.commit()
+        except BaseException:
+            transaction.rollback()
+            raise
+        return outputs
+
+    def _step(self, transaction: StepTransaction) -> list[RequestOutput]:
         start = time.perf_counter()
         out = self.scheduler.schedule()
+        transaction.protect()  # before the step writes any K/V
         scheduled_at = time.perf_counter()
         logits = self._execute(out)
         sampled = self._sample(out, logits)
