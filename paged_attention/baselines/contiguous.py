@@ -172,7 +172,7 @@ class ContiguousKVCacheManager:
     def swap_out(self, seq_id: int) -> list[tuple[int, int]]:
         raise ValueError("a contiguous KV cache has no swap space")
 
-    def can_swap_in(self, seq_id: int) -> bool:
+    def can_swap_in(self, seq_id: int, num_new_tokens: int = 1) -> bool:
         return False
 
     def swap_in(self, seq_id: int) -> list[tuple[int, int]]:

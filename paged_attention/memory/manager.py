@@ -127,7 +127,9 @@ class KVCacheManager(Protocol):
         """Move ``seq_id``'s pages to CPU blocks; the ``(device block, cpu block)`` copies to do."""
         ...
 
-    def can_swap_in(self, seq_id: int) -> bool: ...
+    def can_swap_in(self, seq_id: int, num_new_tokens: int = 1) -> bool:
+        """May ``seq_id`` come back now, with ``num_new_tokens`` to compute before it samples?"""
+        ...
 
     def swap_in(self, seq_id: int) -> list[tuple[int, int]]:
         """Bring ``seq_id``'s pages back; the ``(cpu block, device block)`` copies to do."""

@@ -310,13 +310,15 @@ class PagedKVCacheManager:
         table.free()  # the device blocks are free once the engine has copied them (before the next write)
         return mapping
 
-    def can_swap_in(self, seq_id: int) -> bool:
-        """Room for the sequence's blocks plus one more for its next token, above the watermark
-        (without that margin it would come back only to be preempted again at once)."""
+    def can_swap_in(self, seq_id: int, num_new_tokens: int = 1) -> bool:
+        """Room for the sequence's blocks plus one more for its next token, and for all
+        ``num_new_tokens`` it must still compute before it samples (the rest of a prefill), above the
+        watermark: without that margin it would come back only to be preempted again at once."""
         if seq_id not in self._swapped:
             return False
-        cpu_blocks, _ = self._swapped[seq_id]
-        return self.allocator.num_free_blocks - len(cpu_blocks) - 1 >= self.watermark_blocks
+        cpu_blocks, num_tokens = self._swapped[seq_id]
+        needed = max(len(cpu_blocks) + 1, cdiv(num_tokens + num_new_tokens, self.block_size))
+        return self.allocator.num_free_blocks - needed >= self.watermark_blocks
 
     def swap_in(self, seq_id: int) -> list[tuple[int, int]]:
         if seq_id not in self._swapped or self.cpu_allocator is None:
