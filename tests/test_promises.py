@@ -18,7 +18,7 @@ from paged_attention.memory.prefix_cache import PrefixCachingBlockAllocator, ext
 
 # -- the sampler's filters against a renormalisation written apart ------------------------------
 LOGITS = [2.0, 1.6, 1.5, 0.9, 0.2, -0.3, -1.0, -2.5]
-DRAWS = 6000
+DRAWS = 3000
 # Upper 0.1% points of the chi-square distribution, by degrees of freedom (a table, not scipy).
 CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}
 
