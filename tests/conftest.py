@@ -6,6 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 import paged_attention  # noqa: F401  first: it chooses Triton's interpreter before anything imports triton
@@ -19,3 +20,45 @@ settings.register_profile(
     "ci", deadline=None, max_examples=100, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+# -- every engine a test builds gives every block back ---------------------------------------------
+_built_engines: list = []
+
+
+def _record_engines() -> None:
+    """Remember every LLMEngine built (weakly), so that each test's engines can be checked after it."""
+    import weakref
+
+    from paged_attention.engine.llm_engine import LLMEngine
+
+    init = LLMEngine.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        _built_engines.append(weakref.ref(self))
+
+    LLMEngine.__init__ = recording_init
+
+
+_record_engines()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """After each test: every live engine (built by it or by a fixture) that has no unfinished
+    request holds no block, so a leaked reference count or a sequence never freed fails the test
+    that caused it."""
+    outcome = yield
+    _built_engines[:] = [ref for ref in _built_engines if ref() is not None]
+    if outcome.excinfo is not None:
+        return
+    for ref in _built_engines:
+        engine = ref()
+        if engine is None or engine.has_unfinished_requests():
+            continue
+        manager = engine.cache_manager
+        assert manager.num_free_blocks == manager.num_blocks, (
+            f"{item.nodeid}: an engine with no unfinished request holds "
+            f"{manager.num_blocks - manager.num_free_blocks} of its {manager.num_blocks} blocks"
+        )

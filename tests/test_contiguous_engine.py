@@ -126,15 +126,18 @@ def test_an_unknown_kv_manager_is_rejected(model_and_tokenizer):
         make_engine(model_and_tokenizer, kv_manager="max", placement="best-fit")
 
 
-def test_a_request_that_cannot_fit_the_contiguous_arena_is_rejected_when_added(model_and_tokenizer):
+def test_an_arena_that_cannot_hold_one_max_model_len_request_is_refused_when_built(model_and_tokenizer):
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
-    tight = make_engine(model_and_tokenizer, kv_manager="max", num_kv_blocks=8)  # 128 slots < 256
-    message = r"the .max. policy reserves 256 slots for it .* longest contiguous range of the arena holds 128"
+    message = (
+        r"max_model_len=256 does not fit the KV cache: .*the .max. policy reserves 256 slots for it "
+        r".* longest contiguous range of the arena holds 128\); pass max_model_len <= 128"
+    )
     with pytest.raises(ValueError, match=message):
-        tight.add_request("a", [5, 6, 7], params)
-    assert not tight.has_unfinished_requests() and not tight.request_ids
-    oracle = make_engine(model_and_tokenizer, kv_manager="oracle", placement="first-fit", num_kv_blocks=4)
-    with pytest.raises(ValueError, match=r"the .oracle. policy reserves 65 slots"):
+        make_engine(model_and_tokenizer, kv_manager="max", num_kv_blocks=8)  # 128 slots < 256
+    oracle = make_engine(
+        model_and_tokenizer, kv_manager="oracle", placement="first-fit", num_kv_blocks=4, max_model_len=64
+    )
+    with pytest.raises(ValueError, match=r"exceeds max_model_len=64"):
         oracle.add_request("b", list(range(3, 64)), params)  # 61 + 4 > 64 slots
     oracle.add_request("c", list(range(3, 63)), params)  # 60 + 4 == 64: exactly fits
     outputs = []

@@ -127,10 +127,22 @@ def test_a_request_that_fills_the_cache_exactly_fits() -> None:
         [{"prompt_token_ids": prompt}], SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False
     )
     assert len(out[0].outputs[0].token_ids) == 8
-    with pytest.raises(
-        ValueError, match=r"may store up to 13 tokens of KV cache \(prompt \+ max_tokens - 1\)"
-    ):
+    assert llm.llm_engine.max_model_len == 13  # not given: the longest request the cache holds
+    with pytest.raises(ValueError, match=r"prompt \(5 tokens\) \+ max_tokens \(9\) exceeds max_model_len=13"):
         llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=9), use_tqdm=False)
+
+
+def test_a_cache_smaller_than_one_max_model_len_request_is_refused_when_built() -> None:
+    message = (
+        r"max_model_len=64 does not fit the KV cache: the cache holds 12 token slots \(3 blocks of 4\), "
+        r"and one request of 64 tokens cannot fit \(it may store up to 63 tokens .*\); "
+        r"pass max_model_len <= 13, or give the cache more memory"
+    )
+    with pytest.raises(ValueError, match=message):
+        LLM(num_kv_blocks=3, block_size=4, watermark=0.0, max_model_len=64)
+    with pytest.raises(ValueError, match=r"16 blocks, 1 of which stay free .* pass max_model_len <= 61"):
+        LLM(num_kv_blocks=16, block_size=4, watermark=0.1, max_model_len=64)
+    assert LLM(num_kv_blocks=16, block_size=4, watermark=0.1).llm_engine.max_model_len == 61
 
 
 def test_store_into_a_non_contiguous_cache_is_refused() -> None:

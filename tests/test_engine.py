@@ -244,7 +244,8 @@ def test_bad_requests_are_rejected_and_the_engine_keeps_serving(
 
 def test_a_request_bigger_than_the_whole_cache_is_rejected(models, tokenizer):
     llm = LLM(models["llama"], tokenizer=tokenizer, block_size=4, num_kv_blocks=4)  # 16 slots
-    message = r"prompt 1: .*17 tokens of KV cache .* 5 blocks of 4, but the cache has 4 blocks"
+    assert llm.llm_engine.max_model_len == 17  # not given: the longest request 16 slots hold
+    message = r"prompt 1: prompt \(10 tokens\) \+ max_tokens \(8\) exceeds max_model_len=17"
     with pytest.raises(ValueError, match=message):
         llm.generate([[1, 2], [1] * 10], SamplingParams(max_tokens=8), use_tqdm=False)
     assert not llm.llm_engine.has_unfinished_requests()  # the batch is all-or-nothing

@@ -28,6 +28,7 @@ Its memory report splits each reservation into the paper's Figure 2 categories:
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from .._checks import check_positive_int
@@ -171,7 +172,7 @@ class ContiguousKVCacheManager:
     def swap_out(self, seq_id: int) -> list[tuple[int, int]]:
         raise ValueError("a contiguous KV cache has no swap space")
 
-    def can_swap_in(self, seq_id: int) -> bool:
+    def can_swap_in(self, seq_id: int, num_new_tokens: int = 1) -> bool:
         return False
 
     def swap_in(self, seq_id: int) -> list[tuple[int, int]]:
@@ -179,6 +180,26 @@ class ContiguousKVCacheManager:
 
     def reset_prefix_cache(self) -> int:
         return 0
+
+    # -- a step is a transaction ----------------------------------------------------------------
+    def begin_step(self) -> None:
+        """Remember the arena as it is (a copy: the reservations and the placement's holes)."""
+        self._saved = copy.deepcopy({k: v for k, v in vars(self).items() if k != "_saved"})
+
+    def commit_step(self) -> None:
+        self._saved = None
+
+    def rollback_step(self) -> None:
+        saved = getattr(self, "_saved", None)
+        if saved is None:
+            raise RuntimeError("rollback_step without begin_step")
+        vars(self).clear()
+        vars(self).update(saved)
+        self._saved = None
+
+    def reused_blocks(self) -> tuple[list[int], list[int]]:
+        """None: a range is freed only when its request ends, after the step's writes."""
+        return [], []
 
     def segments(self) -> list[tuple[int, int, str]]:
         """``(start, length, category)`` pieces of every reservation, by address, for pictures:

@@ -203,6 +203,9 @@ class BeamSearchRequest(Request):
     def finished(self) -> bool:
         return self.search.done
 
+    def mutable_parts(self) -> list[object]:
+        return [*super().mutable_parts(), self.search]
+
     def drawers(self, seq: Sequence, logits: torch.Tensor, pool: SequencePool) -> list[Sequence]:
         self._candidates[seq.seq_id] = self.search.top_candidates(logits)
         return []

@@ -90,7 +90,9 @@ class LLM:
         """Serve every prompt to the end; outputs come back in the order of ``prompts``.
 
         A prompt that cannot be served (empty, too long, bad ids) raises ``ValueError`` before any
-        work starts, naming its index, so that a batch is all-or-nothing like vLLM's.
+        work starts, naming its index, so that a batch is all-or-nothing like vLLM's. If the run
+        is interrupted (Ctrl-C) or fails, the requests it added are aborted before the exception
+        goes on: the engine is left serving nothing of theirs and holding none of their blocks.
         """
         prompts = as_prompt_list(prompts)
         if isinstance(sampling_params, BeamSearchParams):
@@ -179,10 +181,16 @@ class LLM:
         results: dict[str, RequestOutput] = {}
         progress_cls = use_tqdm if callable(use_tqdm) else tqdm
         bar = progress_cls(total=len(ids), desc=desc, disable=use_tqdm is False, unit="req")
-        with bar:
-            while engine.has_unfinished_requests():
-                for output in engine.step():
-                    if output.finished:
-                        results[output.request_id] = output
-                        bar.update(1)
+        try:
+            with bar:
+                while engine.has_unfinished_requests():
+                    for output in engine.step():
+                        if output.finished:
+                            results[output.request_id] = output
+                            bar.update(1)
+        except BaseException:  # Ctrl-C included: leave nothing of ours holding blocks, then re-raise
+            for request_id in ids:
+                if request_id in engine.request_ids:
+                    engine.abort_request(request_id)
+            raise
         return [results[i] for i in ids]

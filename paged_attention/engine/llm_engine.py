@@ -36,6 +36,7 @@ from ..memory.kv_cache import KVCache, KVCacheSpec, check_kv_fits, default_kv_ca
 from ..memory.manager import KVCacheManager
 from ..memory.paged_manager import PagedKVCacheManager
 from .beam_search import BeamSearchRequest, check_beams_fit
+from .capacity import fit_max_model_len
 from .inputs import Prompt, tokenize
 from .model_runner import ModelRunner
 from .models import eos_token_ids, resolve_model, serving_length
@@ -46,6 +47,7 @@ from .sampling import BeamSearchParams, Sampler, SamplingParams
 from .scheduler import Scheduler, SchedulerOutput, SchedulingPolicy
 from .sequence import Sequence
 from .stop_checker import StopChecker
+from .transaction import StepTransaction
 
 #: Builds the cache manager from ``(num_blocks, block_size, max_model_len)``, the budget the engine
 #: sized; the KV tensors then take the manager's own ``num_blocks`` x ``block_size`` geometry. The
@@ -55,7 +57,13 @@ CacheManagerFactory = Callable[[int, int, int], KVCacheManager]
 
 
 class LLMEngine:
-    """A continuous-batching engine over a KV-cache manager, driving a transformers causal LM."""
+    """A continuous-batching engine over a KV-cache manager, driving a transformers causal LM.
+
+    One request of ``max_model_len`` tokens must fit the KV cache (:mod:`.capacity`): a
+    ``max_model_len`` that does not is refused here, with what the cache holds and what to change;
+    without one, the model's length is lowered to the longest request the cache holds
+    (``self.max_model_len`` says which).
+    """
 
     def __init__(
         self,
@@ -106,11 +114,17 @@ class LLMEngine:
             cpu_blocks = (
                 num_blocks if num_cpu_blocks is None and preemption_mode == "swap" else num_cpu_blocks
             )
-            self.cache_manager: KVCacheManager = PagedKVCacheManager(
+            paged = PagedKVCacheManager(
                 num_blocks, block_size, watermark, cpu_blocks or 0, enable_prefix_caching
             )
+            build: Callable[[int], KVCacheManager] = lambda _length: paged  # noqa: E731
         else:
-            self.cache_manager = cache_manager_factory(num_blocks, block_size, self.max_model_len)
+            factory = cache_manager_factory
+            build = lambda length: factory(num_blocks, block_size, length)  # noqa: E731
+        # One request of max_model_len must fit: refused if max_model_len was given, else lowered.
+        self.cache_manager, self.max_model_len = fit_max_model_len(
+            build, self.max_model_len, max_model_len is not None
+        )
         manager = self.cache_manager
         self.kv_cache = KVCache(self.spec, manager.num_blocks, manager.block_size, device)
         self.cpu_cache = (
@@ -257,9 +271,35 @@ class LLMEngine:
 
     # -- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, execute, sample, post-process; the outputs of the requests that moved on."""
+        """Schedule, execute, sample, post-process; the outputs of the requests that moved on.
+
+        A step is a transaction (:mod:`.transaction`): if anything raises inside it (Ctrl-C, out
+        of memory, a bad value found mid-step), everything it changed is rolled back (page tables,
+        allocator, prefix cache, queues, counters, random generators, the K/V of blocks it took from
+        others) and the exception reaches the caller. The engine is then exactly as before the
+        step: the next ``step()`` produces the tokens an uninterrupted run would.
+        """
+        requests = list(self._requests.values())
+        scheduler = self.scheduler
+        transaction = StepTransaction(
+            [self, scheduler, scheduler.scheduling_policy, self.pool]
+            + [part for request in requests for part in request.mutable_parts()],
+            [self.sampler.shared_generator]
+            + [s.generator for request in requests for s in request.seqs if s.generator is not None],
+            self.cache_manager, self.kv_cache, self.cpu_cache,
+        )  # fmt: skip
+        try:
+            outputs = self._step(transaction)
+            transaction.commit()
+        except BaseException:
+            transaction.rollback()
+            raise
+        return outputs
+
+    def _step(self, transaction: StepTransaction) -> list[RequestOutput]:
         start = time.perf_counter()
         out = self.scheduler.schedule()
+        transaction.protect()  # before the step writes any K/V
         scheduled_at = time.perf_counter()
         logits = self._execute(out)
         sampled = self._sample(out, logits)

@@ -16,8 +16,6 @@ forks and finished sequences to the scheduler and the cache manager.
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
 from ..memory.manager import KVCacheManager
@@ -33,7 +31,7 @@ class SequencePool:
     def __init__(self, scheduler: Scheduler, cache_manager: KVCacheManager) -> None:
         self.scheduler = scheduler
         self.cache_manager = cache_manager
-        self._ids = itertools.count()
+        self.next_seq_id = 0  # a plain number, so that a rolled-back step gives its ids out again
 
     def new(
         self,
@@ -45,17 +43,21 @@ class SequencePool:
         cache_salt: str | None = None,
     ) -> Sequence:
         generator = sample_generator(params, sample_index)
-        return Sequence(next(self._ids), request_id, list(prompt_token_ids), params, arrival_time,
+        return Sequence(self._new_id(), request_id, list(prompt_token_ids), params, arrival_time,
                         sample_index, generator, cache_salt=cache_salt)  # fmt: skip
 
     def copy(self, parent: Sequence, sample_index: int) -> Sequence:
         """A new sequence with ``parent``'s tokens and computed count, holding no memory yet."""
         return Sequence(
-            next(self._ids), parent.request_id, parent.prompt_token_ids, parent.params,
+            self._new_id(), parent.request_id, parent.prompt_token_ids, parent.params,
             parent.arrival_time, sample_index, sample_generator(parent.params, sample_index),
             output_token_ids=list(parent.output_token_ids), num_computed_tokens=parent.num_computed_tokens,
             cache_salt=parent.cache_salt, group_id=parent.group_id,
         )  # fmt: skip
+
+    def _new_id(self) -> int:
+        self.next_seq_id += 1
+        return self.next_seq_id - 1
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """``child`` shares ``parent``'s pages and joins the running set at once."""
@@ -99,6 +101,11 @@ class Request:
     def output(self) -> RequestOutput | None:
         """What ``step()`` reports for this request after a step that gave it tokens (``None``: nothing)."""
         raise NotImplementedError
+
+    def mutable_parts(self) -> list[object]:
+        """Every object of this request that a step may change in place (the request itself, its
+        metrics, its live sequences): what a step's transaction snapshots (:mod:`.transaction`)."""
+        return [self, self.metrics, *self.seqs]
 
     def abort(self, now: float, pool: SequencePool) -> None:
         """Finish every live sequence with reason ``abort`` and release its memory."""

@@ -10,11 +10,16 @@ and a waiting one takes its place in the very next step. The scheduler below doe
    sequences, which frees memory for the older ones; if the sequence asking is itself the most
    recent, it is the one that steps back. Preemption either discards the victim's pages and puts it
    back at the *front* of the waiting queue to be recomputed (``"recompute"``), or copies its pages
-   to CPU memory (``"swap"``) to be copied back later.
-2. **Swapped sequences come back** when no one was preempted in this step and memory allows.
+   to CPU memory (``"swap"``) to be copied back later; a swap victim whose pages do not fit the CPU
+   pool is recomputed instead, and counted (``num_swap_fallbacks``).
+2. **Swapped sequences come back** when no one was preempted in this step and memory allows (with
+   room for the rest of their prefill, if they were swapped out in the middle of one).
 3. **Waiting sequences are admitted first-come first-served** while the token budget,
    ``max_num_seqs`` and free blocks (above the watermark) allow. A long prompt is split into
-   chunks that fit the budget (*chunked prefill*), so one huge prompt never stalls the decodes.
+   chunks that fit the budget (*chunked prefill*), so one huge prompt never stalls the decodes;
+   but admission asks memory for the *whole* prompt (or recompute), not its first chunk: admitted
+   for one chunk, it would find no blocks for the next and, the latest arrival, preempt itself at
+   once, again and again.
    Admission stops at the first request that does not fit: skipping ahead to smaller ones would
    let a large request starve forever. A sequence whose beginning is in the prefix cache starts
    with those tokens already computed (``lookup_prefix``) and spends budget only on the rest.
@@ -113,9 +118,12 @@ class SchedulingPolicy:
         return True
 
     def admits(self, seq: Sequence, num_new_tokens: int, cache_manager: KVCacheManager) -> bool:
-        """Memory admission: may ``seq`` start now with ``num_new_tokens`` tokens (after its first
-        ``seq.num_computed_tokens``, a prefix-cache hit)? The manager's own rule by default: for the
-        paged manager, the blocks it needs must leave ``watermark_blocks`` free."""
+        """Memory admission: may ``seq`` start now, with ``num_new_tokens`` tokens to compute after
+        its first ``seq.num_computed_tokens`` (a prefix-cache hit)? ``num_new_tokens`` is all it
+        must compute before it samples (its whole prompt, or whole recompute), even when the token
+        budget lets this step compute only a first chunk: a sequence admitted for its first chunk
+        alone would preempt itself on the next. The manager's own rule by default: for the paged
+        manager, the blocks it needs must leave ``watermark_blocks`` free."""
         return cache_manager.can_admit(seq, num_new_tokens)
 
     def admission_ended(self, stopped_by_budget: bool) -> None:
@@ -159,6 +167,7 @@ class Scheduler:
         self.swapped: deque[Sequence] = deque()
         self.num_preemptions = 0
         self.num_self_preemptions = 0  # preemptions of the very sequence that asked for memory
+        self.num_swap_fallbacks = 0  # swap-mode victims recomputed instead: the CPU pool was too full
 
     # -- queues ---------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -239,11 +248,13 @@ class Scheduler:
         self.num_preemptions += 1
         out.preempted.append(seq)
         cache_manager = self.cache_manager
-        if self.preemption_mode == "swap" and not recompute and cache_manager.can_swap_out(seq.seq_id):
-            out.swap_out += cache_manager.swap_out(seq.seq_id)
-            seq.status = SequenceStatus.SWAPPED
-            self.swapped.append(seq)
-            return
+        if self.preemption_mode == "swap" and not recompute:
+            if cache_manager.can_swap_out(seq.seq_id):
+                out.swap_out += cache_manager.swap_out(seq.seq_id)
+                seq.status = SequenceStatus.SWAPPED
+                self.swapped.append(seq)
+                return
+            self.num_swap_fallbacks += 1  # its blocks do not fit the CPU pool: recomputed instead
         cache_manager.free(seq.seq_id)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.PREEMPTED
@@ -258,7 +269,7 @@ class Scheduler:
         cache_manager = self.cache_manager
         while self.swapped and self._seats_in_use() + self.swapped[0].num_seats <= self.max_num_seqs:
             seq = self.swapped[0]
-            if not cache_manager.can_swap_in(seq.seq_id):
+            if not cache_manager.can_swap_in(seq.seq_id, seq.num_uncomputed_tokens):
                 return
             self.swapped.popleft()
             out.swap_in += cache_manager.swap_in(seq.seq_id)
@@ -290,9 +301,12 @@ class Scheduler:
                 seq
             )  # a prefix-cache hit is computed already
             n = min(seq.num_uncomputed_tokens, budget)
+            # Memory is asked for all the tokens it must compute before it samples, not only this
+            # step's chunk: admitted for its first chunk alone, it would need blocks for the next
+            # one at once, and (the latest arrival) preempt itself, over and over (vLLM v0's rule).
             allocation = (
                 self.cache_manager.allocate_slots(seq, n)
-                if self.scheduling_policy.admits(seq, n, self.cache_manager)
+                if self.scheduling_policy.admits(seq, seq.num_uncomputed_tokens, self.cache_manager)
                 else None
             )
             if allocation is None:

@@ -20,7 +20,8 @@ Figure 2.
 **Preemptions** are counted per request (:attr:`TraceResult.preemptions`), and a preemption is a
 *self-preemption* when the sequence that asked for memory was itself the latest arrival among the
 running ones: the scheduler's victim rule then picks it, and it steps back
-(:attr:`TraceResult.num_self_preemptions`).
+(:attr:`TraceResult.num_self_preemptions`). In swap mode a victim whose blocks do not fit the CPU
+pool is recomputed instead: :attr:`TraceResult.num_swap_fallbacks` counts those.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class TraceResult:
     num_preemptions: int = 0
     preemptions: dict[int, int] = field(default_factory=dict)  # request index -> times it was preempted
     num_self_preemptions: int = 0  # preemptions of the very sequence that asked for memory
+    num_swap_fallbacks: int = 0  # swap mode: victims recomputed because the CPU pool was too full
 
     @property
     def max_preemptions(self) -> int:
@@ -196,6 +198,7 @@ def run_trace(
         bar.close()
     result.num_preemptions = scheduler.num_preemptions
     result.num_self_preemptions = scheduler.num_self_preemptions
+    result.num_swap_fallbacks = scheduler.num_swap_fallbacks
     return result
 
 

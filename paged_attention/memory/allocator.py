@@ -21,11 +21,20 @@ Three ideas carry the whole design:
 
 Running out of blocks is not a bug but the normal signal of memory pressure: it raises
 :class:`NoFreeBlocksError`, which the scheduler catches to preempt a sequence.
+
+**Transactions.** An engine step must be undoable (a step is a transaction: if anything raises,
+the engine is put back exactly as it was). Between :meth:`BlockAllocator.begin` and
+:meth:`~BlockAllocator.commit`, every change writes its inverse into an *undo log* (a database's
+rollback journal): :meth:`~BlockAllocator.rollback` replays it backwards and restores the free
+queue's order and every reference count in O(changes), however many blocks the cache has. The
+allocator also notes which blocks it handed out that *held data* when the transaction began (freed
+during it, by a preemption say): the engine saves their contents before the step writes into them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from .._checks import check_int, check_positive_int
 
@@ -104,6 +113,15 @@ class FreeBlockQueue:
         block.prev_free = block.next_free = None
         self.num_free_blocks -= 1
 
+    def insert_after(self, prev: KVCacheBlock, block: KVCacheBlock) -> None:
+        """Link ``block`` right behind ``prev`` (a block in the queue or the head sentinel)."""
+        nxt = prev.next_free
+        prev.next_free = block
+        block.prev_free = prev
+        block.next_free = nxt
+        nxt.prev_free = block  # type: ignore[union-attr]
+        self.num_free_blocks += 1
+
     def append(self, block: KVCacheBlock) -> None:
         """Put ``block`` at the back of the queue (it will be reused last)."""
         last = self.tail.prev_free
@@ -136,6 +154,9 @@ class BlockAllocator:
         self.num_blocks = num_blocks
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
+        self._undo: list[tuple[Callable[..., Any], tuple]] | None = None  # open transaction's log
+        self._freed: set[int] = set()  # blocks whose last owner let go during the transaction
+        self._reused: list[int] = []  # blocks handed out again that held data when it began
 
     # -- queries ---------------------------------------------------------------------------------
     @property
@@ -170,6 +191,10 @@ class BlockAllocator:
             raise NoFreeBlocksError(1, 0)
         block = queue.popleft()
         block.ref_cnt = 1
+        if self._undo is not None:
+            self._undo.append((self._unpop, (block,)))
+            if block.block_id in self._freed:
+                self._reused.append(block.block_id)
         return block.block_id
 
     def allocate_many(self, n: int) -> list[int]:
@@ -186,6 +211,7 @@ class BlockAllocator:
             raise ValueError(
                 f"share(block {block_id}): block {block_id} is free; only an allocated block can be shared"
             )
+        self._log_ref(block)
         block.ref_cnt += 1
 
     def touch(self, block_id: int) -> None:
@@ -196,7 +222,10 @@ class BlockAllocator:
         """
         block = self._block(block_id, "touch")
         if block.ref_cnt == 0:
+            if self._undo is not None:
+                self._undo.append((self.free_queue.insert_after, (block.prev_free, block)))
             self.free_queue.remove(block)
+        self._log_ref(block)
         block.ref_cnt += 1
 
     def free(self, block_id: int) -> None:
@@ -209,9 +238,42 @@ class BlockAllocator:
                 f"free(block {block_id}): block {block_id} is already free (double free); "
                 "every allocate() or share() must be matched by exactly one free()"
             )
+        self._log_ref(block)
         block.ref_cnt -= 1
         if block.ref_cnt == 0:
             self.free_queue.append(block)
+            if self._undo is not None:
+                self._undo.append((self.free_queue.remove, (block,)))
+                self._freed.add(block_id)
+
+    # -- transactions (see the module docstring) -------------------------------------------------
+    def begin(self) -> None:
+        """Start a transaction: from now on every change is logged, to be committed or rolled back."""
+        self._undo, self._freed, self._reused = [], set(), []
+
+    def commit(self) -> None:
+        """Keep every change since :meth:`begin` and stop logging."""
+        self._undo, self._freed, self._reused = None, set(), []
+
+    def rollback(self) -> None:
+        """Undo every change since :meth:`begin`, newest first, and stop logging."""
+        undo, self._undo = self._undo, None
+        for undo_one, args in reversed(undo or []):
+            undo_one(*args)
+        self._freed, self._reused = set(), []
+
+    def reused_blocks(self) -> list[int]:
+        """Blocks handed out since :meth:`begin` whose contents were someone's when it began: their
+        K/V must be saved before the step writes into them, to be restored on a rollback."""
+        return list(self._reused)
+
+    def _log_ref(self, block: KVCacheBlock) -> None:
+        if self._undo is not None:
+            self._undo.append((setattr, (block, "ref_cnt", block.ref_cnt)))
+
+    def _unpop(self, block: KVCacheBlock) -> None:
+        block.ref_cnt = 0
+        self.free_queue.insert_after(self.free_queue.head, block)
 
     def _block(self, block_id: int, op: str) -> KVCacheBlock:
         check_int("block_id", block_id)

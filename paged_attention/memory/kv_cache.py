@@ -176,6 +176,14 @@ class KVCache:
         dst = torch.tensor([d for _, d in pairs], device=self.data.device)
         self.data[:, :, dst] = self.data[:, :, src]
 
+    def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        """A copy of every layer's K and V of ``block_ids`` (to put back with :meth:`write_blocks`)."""
+        return self.data[:, :, torch.tensor(block_ids, dtype=torch.long, device=self.data.device)].clone()
+
+    def write_blocks(self, block_ids: list[int], saved: torch.Tensor) -> None:
+        """Put back what :meth:`read_blocks` copied out of ``block_ids``."""
+        self.data[:, :, torch.tensor(block_ids, dtype=torch.long, device=self.data.device)] = saved
+
     def copy_blocks_to(self, other: KVCache, pairs: Iterable[tuple[int, int]]) -> None:
         """Copy block ``src`` of this cache into block ``dst`` of ``other`` (swapping to/from CPU)."""
         pairs = list(pairs)

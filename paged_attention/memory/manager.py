@@ -127,10 +127,31 @@ class KVCacheManager(Protocol):
         """Move ``seq_id``'s pages to CPU blocks; the ``(device block, cpu block)`` copies to do."""
         ...
 
-    def can_swap_in(self, seq_id: int) -> bool: ...
+    def can_swap_in(self, seq_id: int, num_new_tokens: int = 1) -> bool:
+        """May ``seq_id`` come back now, with ``num_new_tokens`` to compute before it samples?"""
+        ...
 
     def swap_in(self, seq_id: int) -> list[tuple[int, int]]:
         """Bring ``seq_id``'s pages back; the ``(cpu block, device block)`` copies to do."""
+        ...
+
+    def begin_step(self) -> None:
+        """An engine step begins: from here on, record enough to undo everything until
+        :meth:`commit_step` or :meth:`rollback_step` (a step is a transaction)."""
+        ...
+
+    def commit_step(self) -> None:
+        """The step succeeded: keep its changes."""
+        ...
+
+    def rollback_step(self) -> None:
+        """The step failed: put every table, allocator and cache entry back as at :meth:`begin_step`."""
+        ...
+
+    def reused_blocks(self) -> tuple[list[int], list[int]]:
+        """``(device blocks, cpu blocks)`` handed out since :meth:`begin_step` whose contents were
+        someone's when it began (freed by a preemption, an evicted prefix-cache block): the engine
+        saves their K/V before the step writes, to restore them on a rollback."""
         ...
 
     def reset_prefix_cache(self) -> int:

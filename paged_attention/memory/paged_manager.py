@@ -26,8 +26,10 @@ off by default:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
 from .._checks import cdiv, check_int, check_positive_int
 from .accounting import MemoryReport, paged_memory_report
@@ -76,6 +78,7 @@ class PagedKVCacheManager:
         self._tables: dict[int, PageTable] = {}
         self._num_hashed_blocks: dict[int, int] = {}  # leading blocks of each table already in the cache
         self._swapped: dict[int, tuple[list[int], int]] = {}  # seq_id -> (cpu blocks, num_tokens)
+        self._saved: tuple[Any, ...] | None = None  # the state at begin_step, while a step is open
 
     # -- views ----------------------------------------------------------------------------------
     @property
@@ -208,6 +211,42 @@ class PagedKVCacheManager:
         """Forget the cached contents of every free block (vLLM's ``reset_prefix_cache``)."""
         return self.allocator.reset() if isinstance(self.allocator, PrefixCachingBlockAllocator) else 0
 
+    # -- a step is a transaction ----------------------------------------------------------------
+    def begin_step(self) -> None:
+        """Remember the bookkeeping as it is now (the tables' block lists, O(blocks held), and the
+        allocators' undo logs), so that :meth:`rollback_step` can restore it exactly."""
+        tables = {sid: (t, list(t.block_ids), t.num_tokens) for sid, t in self._tables.items()}
+        stats = dataclasses.replace(self.prefix_cache_stats)
+        self._saved = (tables, dict(self._num_hashed_blocks), dict(self._swapped), stats)
+        self.allocator.begin()
+        if self.cpu_allocator is not None:
+            self.cpu_allocator.begin()
+
+    def commit_step(self) -> None:
+        self._saved = None
+        self.allocator.commit()
+        if self.cpu_allocator is not None:
+            self.cpu_allocator.commit()
+
+    def rollback_step(self) -> None:
+        """Put every page table, allocator and prefix-cache entry back as at :meth:`begin_step`."""
+        if self._saved is None:
+            raise RuntimeError("rollback_step without begin_step")
+        tables, self._num_hashed_blocks, self._swapped, self.prefix_cache_stats = self._saved
+        self._saved = None
+        self.allocator.rollback()
+        if self.cpu_allocator is not None:
+            self.cpu_allocator.rollback()
+        self._tables.clear()
+        for seq_id, (table, block_ids, num_tokens) in tables.items():
+            table.block_ids, table.num_tokens = block_ids, num_tokens
+            self._tables[seq_id] = table
+
+    def reused_blocks(self) -> tuple[list[int], list[int]]:
+        """``(device blocks, cpu blocks)`` handed out in this step that held K/V when it began."""
+        cpu = self.cpu_allocator.reused_blocks() if self.cpu_allocator is not None else []
+        return self.allocator.reused_blocks(), cpu
+
     # -- the prefix cache -----------------------------------------------------------------------
     def _cached_blocks(self, seq: CachedSequence) -> list[int]:
         """Blocks of the longest cached prefix of ``seq``, never including its last token."""
@@ -271,13 +310,15 @@ class PagedKVCacheManager:
         table.free()  # the device blocks are free once the engine has copied them (before the next write)
         return mapping
 
-    def can_swap_in(self, seq_id: int) -> bool:
-        """Room for the sequence's blocks plus one more for its next token, above the watermark
-        (without that margin it would come back only to be preempted again at once)."""
+    def can_swap_in(self, seq_id: int, num_new_tokens: int = 1) -> bool:
+        """Room for the sequence's blocks plus one more for its next token, and for all
+        ``num_new_tokens`` it must still compute before it samples (the rest of a prefill), above the
+        watermark: without that margin it would come back only to be preempted again at once."""
         if seq_id not in self._swapped:
             return False
-        cpu_blocks, _ = self._swapped[seq_id]
-        return self.allocator.num_free_blocks - len(cpu_blocks) - 1 >= self.watermark_blocks
+        cpu_blocks, num_tokens = self._swapped[seq_id]
+        needed = max(len(cpu_blocks) + 1, cdiv(num_tokens + num_new_tokens, self.block_size))
+        return self.allocator.num_free_blocks - needed >= self.watermark_blocks
 
     def swap_in(self, seq_id: int) -> list[tuple[int, int]]:
         if seq_id not in self._swapped or self.cpu_allocator is None:

@@ -164,16 +164,30 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             return
         self.cached_blocks[block_hash] = block_id
         self.block_hashes[block_id] = block_hash
+        if self._undo is not None:
+            self._undo.append((self._forget, (block_id, block_hash)))
 
     def allocate(self) -> int:
         """Pop the least recently freed block; if it was cached, its old contents are evicted now."""
         block_id = super().allocate()
         old_hash = self.block_hashes[block_id]
         if old_hash is not None:
-            del self.cached_blocks[old_hash]
-            self.block_hashes[block_id] = None
+            self._forget(block_id, old_hash)
             self.num_evictions += 1
+            if self._undo is not None:  # it held cached K/V: a rollback brings them back
+                self._undo.append((self._remember, (block_id, old_hash)))
+                if block_id not in self._freed:
+                    self._reused.append(block_id)
         return block_id
+
+    def _forget(self, block_id: int, block_hash: BlockHash) -> None:
+        del self.cached_blocks[block_hash]
+        self.block_hashes[block_id] = None
+
+    def _remember(self, block_id: int, block_hash: BlockHash) -> None:
+        self.cached_blocks[block_hash] = block_id
+        self.block_hashes[block_id] = block_hash
+        self.num_evictions -= 1
 
     def reset(self) -> int:
         """Forget every cached block that is free (vLLM's ``reset_prefix_cache``); returns how many.

@@ -1,0 +1,56 @@
+"""Does one request of ``max_model_len`` tokens fit the KV cache? Checked when the engine is built.
+
+A request may grow to ``max_model_len`` tokens, and ``max_tokens=None`` asks for exactly that, so a
+cache that cannot hold one such request would reject requests one by one at run time. The engine
+settles it once, when it is built (vLLM's rule):
+
+* ``max_model_len`` given: if one request of that length cannot fit (in the cache manager's own
+  terms: the paged manager's blocks beside its watermark, a contiguous manager's reservation), the
+  engine is refused, with what the cache holds and what to change.
+* ``max_model_len`` not given: the model's length, lowered to the longest request the cache can
+  hold (vLLM's ``max_model_len="auto"``); ``LLMEngine.max_model_len`` says what it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..memory.manager import KVCacheManager
+from .sampling import SamplingParams
+from .sequence import Sequence
+
+
+def longest_request(length: int) -> Sequence:
+    """A stand-in request of ``length`` tokens in all (its last token's K/V is never stored)."""
+    return Sequence(-1, "max_model_len", [0] * max(1, length - 1), SamplingParams(max_tokens=1), 0.0)
+
+
+def fit_max_model_len(
+    build: Callable[[int], KVCacheManager], model_len: int, explicit: bool
+) -> tuple[KVCacheManager, int]:
+    """The cache manager and the ``max_model_len`` to serve (see the module docstring).
+
+    ``build(max_model_len)`` makes the manager (a contiguous one sizes its reservations by it);
+    ``model_len`` is the length asked for, or the model's own when ``explicit`` is false.
+    """
+    manager = build(model_len)
+    if manager.fits_at_all(longest_request(model_len)):
+        return manager, model_len
+    low, high = 1, model_len - 1  # the longest length that fits, by bisection (monotone in length)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if build(middle).fits_at_all(longest_request(middle)):
+            low = middle
+        else:
+            high = middle - 1
+    fitting = low if build(low).fits_at_all(longest_request(low)) else 0
+    if explicit or fitting < 2:
+        slots = manager.num_blocks * manager.block_size
+        holds = f"the cache holds {slots} token slots ({manager.num_blocks} blocks of {manager.block_size})"
+        change = f"pass max_model_len <= {fitting}, or " if fitting >= 2 else ""
+        raise ValueError(
+            f"max_model_len={model_len} does not fit the KV cache: {holds}, and one request of "
+            f"{model_len} tokens cannot fit ({manager.unfit_reason(longest_request(model_len))}); "
+            f"{change}give the cache more memory (num_kv_blocks or kv_cache_memory)"
+        )
+    return build(fitting), fitting
