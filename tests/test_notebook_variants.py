@@ -66,7 +66,12 @@ def test_variants_name_real_parameters(path: Path) -> None:
 
 
 @pytest.mark.parametrize("name, overrides", variants(), ids=[f"{n[:2]}-{v}" for n, v in variants()])
-def test_notebook_runs_with_changed_parameters(name: str, overrides: dict) -> None:
+def test_notebook_runs_with_changed_parameters(
+    name: str, overrides: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One torch thread in the kernel (it inherits the variable): these runs check that every cell
+    # still holds, not speed, and two OpenMP threads beside any other busy process run 10-30x slower.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     nbformat = pytest.importorskip("nbformat")
     from nbclient import NotebookClient
 
