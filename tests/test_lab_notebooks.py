@@ -66,9 +66,10 @@ def test_every_student_exercise_is_unfinished(student: Path, path: Path) -> None
 def student_run_overrides(nb: dict) -> dict:
     """The parameters a student copy runs with below: the notebook's own, or, for a notebook whose
     full run is long, the variant its metadata names as ``student_run`` (one of its listed
-    ``variants`` or ``more_variants``, which tests/test_notebook_variants.py can run on the instructor copy). Whether a
-    cell outside the exercise and check cells uses what an exercise defines does not depend on the
-    parameters, and the default parameters run under nbval on the instructor copy."""
+    ``variants`` or ``more_variants``, which tests/test_notebook_variants.py can run on the
+    instructor copy). Whether a cell outside the exercise and check cells uses what an exercise
+    defines does not depend on the parameters, and the default parameters run under nbval on the
+    instructor copy."""
     meta = nb["metadata"].get("paged_attention", {})
     overrides = meta.get("student_run", {})
     listed = meta.get("variants", []) + meta.get("more_variants", [])

@@ -254,23 +254,28 @@ def test_a_swapped_victim_whose_blocks_the_step_reused_gets_its_kv_back() -> Non
     assert fired == 3 and got == want
 
 
+def interrupt_at_call(engine, call: int) -> None:
+    """Make the engine's model runner raise KeyboardInterrupt (Ctrl-C) on its ``call``-th forward;
+    ``del engine.runner.execute`` restores it."""
+    execute, calls = engine.runner.execute, 0
+
+    def interrupted(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == call:
+            raise KeyboardInterrupt
+        return execute(*args, **kwargs)
+
+    engine.runner.execute = interrupted
+
+
 def test_an_interrupted_generate_aborts_its_requests_and_the_next_one_works() -> None:
     llm = LLM(num_kv_blocks=32, block_size=4, max_model_len=64)
     engine = llm.llm_engine
     params = SamplingParams(max_tokens=8, temperature=0.0)
     want = [o.outputs[0].token_ids for o in llm.generate([[5, 6, 7], [8, 9]], params, use_tqdm=False)]
     engine.add_request("mine", [1, 2, 3], params)  # a request of the caller's own, not generate's
-    calls = 0
-    execute = engine.runner.execute
-
-    def interrupted(*args, **kwargs):
-        nonlocal calls
-        calls += 1
-        if calls == 3:
-            raise KeyboardInterrupt
-        return execute(*args, **kwargs)
-
-    engine.runner.execute = interrupted
+    interrupt_at_call(engine, 3)
     with pytest.raises(KeyboardInterrupt):
         llm.generate([[5, 6, 7], [8, 9]], params, use_tqdm=False)
     del engine.runner.execute
@@ -286,16 +291,7 @@ def test_an_interrupted_beam_search_leaves_nothing_held() -> None:
     engine = llm.llm_engine
     params = BeamSearchParams(beam_width=3, max_tokens=6)
     want = [[s.tokens for s in o.sequences] for o in llm.beam_search([[5, 6, 7]], params)]
-    sampler, calls = engine.runner.execute, 0
-
-    def interrupted(*args, **kwargs):
-        nonlocal calls
-        calls += 1
-        if calls == 4:
-            raise KeyboardInterrupt
-        return sampler(*args, **kwargs)
-
-    engine.runner.execute = interrupted
+    interrupt_at_call(engine, 4)
     with pytest.raises(KeyboardInterrupt):
         llm.beam_search([[5, 6, 7]], params)
     del engine.runner.execute

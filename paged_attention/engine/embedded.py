@@ -35,7 +35,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,7 +44,7 @@ import torch
 if TYPE_CHECKING:  # transformers is imported lazily: `import paged_attention` stays fast
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["DEFAULT_MODEL_NAME", "cache_dir", "default_model_path"]
+__all__ = ["DEFAULT_MODEL_NAME", "cache_dir", "default_model_path", "place_folder"]
 
 #: The name under which ``LLM(model=...)`` and :func:`load_model` accept the embedded model.
 DEFAULT_MODEL_NAME = "paged-attention/tiny-llama"
@@ -149,6 +149,29 @@ def _built_version(folder: Path) -> str | None:
         return None
 
 
+def place_folder(built: Path, path: Path, keep: Callable[[], bool] | None = None) -> Path:
+    """Rename the finished folder ``built`` to ``path``, moving aside (then deleting) whatever is there.
+
+    When ``keep()`` says the folder already at ``path`` is whole (another process finished first),
+    that one stays and ``path`` is returned; ``built`` is left for the caller to delete. Raises
+    ``RuntimeError`` if other processes keep placing folders between the check and the rename.
+    """
+    for _ in range(5):
+        if path.exists():
+            if keep is not None and keep():
+                return path
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}-old-", dir=path.parent))
+            with contextlib.suppress(FileNotFoundError):  # another process moved it first
+                path.rename(old / path.name)
+            shutil.rmtree(old, ignore_errors=True)
+        try:
+            built.rename(path)
+            return path
+        except OSError:
+            continue  # someone placed a folder between our check and our rename: look again
+    raise RuntimeError(f"could not move {built.name} into {path}")
+
+
 def default_model_path(rebuild: bool = False) -> Path:
     """Return the folder of the embedded model, building it on first use (about a second).
 
@@ -167,20 +190,8 @@ def default_model_path(rebuild: bool = False) -> Path:
     try:
         _build_into(tmp)
         tmp.chmod(0o755)  # mkdtemp makes it private; the finished model is an ordinary folder
-        for _ in range(5):
-            if path.exists():
-                if not rebuild and _built_version(path) == _BUILD_VERSION:
-                    return path  # another process finished first: keep its folder, drop ours
-                old = Path(tempfile.mkdtemp(prefix=f".{_FOLDER}-old-", dir=root))
-                with contextlib.suppress(FileNotFoundError):  # another process moved it first
-                    path.rename(old / _FOLDER)
-                shutil.rmtree(old, ignore_errors=True)
-            try:
-                tmp.rename(path)
-                return path
-            except OSError:
-                continue  # someone placed a folder between our check and our rename: look again
-        raise RuntimeError(f"could not move the embedded model into {path}")
+        keep = None if rebuild else (lambda: _built_version(path) == _BUILD_VERSION)
+        return place_folder(tmp, path, keep=keep)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .embedded import cache_dir
+from .embedded import cache_dir, place_folder
 
 __all__ = [
     "FETCH_COMMAND",
@@ -283,25 +283,9 @@ def fetch_pretrained(
             },
         }
         (out / _BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
-        path = _place(out, _folder(spec))
+        path = place_folder(out, _folder(spec))
         size = sum(v["size"] for v in files.values()) / 1e6
         log(f"{spec.name}: {size:.0f} MB in {path} ({seconds:.0f} s, peak memory {peak_mb:.0f} MB)")
         return path
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _place(built: Path, path: Path) -> Path:
-    """Rename ``built`` to ``path``, moving aside (then deleting) whatever is there."""
-    for _ in range(5):
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}-old-", dir=path.parent))
-            with contextlib.suppress(FileNotFoundError):  # another process moved it first
-                path.rename(old / path.name)
-            shutil.rmtree(old, ignore_errors=True)
-        try:
-            built.rename(path)
-            return path
-        except OSError:
-            continue  # someone placed a folder between our check and our rename: look again
-    raise CheckpointError(f"could not move the checkpoint into {path}")
