@@ -4,9 +4,8 @@ import json
 
 import pytest
 
-from paged_attention.cli.bench import throughput
 from paged_attention.cli.main import main
-from paged_attention.experiments import paper
+from paged_attention.experiments import paper, throughput
 from paged_attention.experiments.cost_model import CostModel
 from paged_attention.experiments.serve import figure2_stack, serve, sustainable_rate
 from paged_attention.experiments.traces import TRACE_SHAPES, synthetic_trace
@@ -129,3 +128,20 @@ def test_bench_throughput_measures_every_manager_on_the_real_model(tmp_path, cap
     # 1024 slots hold all 4 max-length (256) reservations: no one waits, every manager runs one batch
     batches = [t["batch"] for t in payload["timeline"].values()]
     assert all(b == batches[0] for b in batches)
+
+
+def test_the_experiments_run_as_functions_and_viz_draws_their_results():
+    """What a notebook does: call the experiment (no command, no printing), draw its payload."""
+    from matplotlib.figure import Figure
+
+    from paged_attention import viz
+    from paged_attention.experiments import block_size, latency
+
+    lat = latency.run(num_requests=10, rates=(0.5, 2.0))
+    assert set(lat["sustained_rate"]) == set(paper.MANAGERS)
+    sweep = block_size.run(block_sizes=(8, 16), traces={"alpaca": (50.0, 10)})
+    assert sweep["traces"]["alpaca"]["best_block_size"] in (8, 16)
+    for fig in (viz.paper.latency_figure(lat), viz.paper.block_size_figure(sweep)):
+        assert isinstance(fig, Figure)
+    text = viz.tables.table([["paged", 7.0]], ["manager", "mean batch"])
+    assert text.splitlines() == ["manager  mean batch", "-------  ----------", "  paged         7.0"]

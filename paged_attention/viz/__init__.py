@@ -2,17 +2,20 @@
 
 - :mod:`.style`: shared colours, :func:`save` (``figures/<name>.png``), :func:`figures_dir`.
 - :mod:`.memory`: KV bytes per token, KV memory against context, reservation, block and arena maps.
-- :mod:`.kernels`: what a kernel program reads, split-K partitions, decode bandwidth.
+- :mod:`.kernels`: what a kernel program reads, split-K partitions, decode bandwidth (figure and table).
 - :mod:`.scheduling`: static against continuous batching, scheduler and engine timelines.
-- :mod:`.paper`: the paper's figures (memory breakdown, batched requests, latency, block size, throughput).
-- :mod:`.sharing`: the prefix tree, memory saved by sharing, prefix-caching speedup, sharing over time.
+- :mod:`.paper`: the paper's figures (memory breakdown, batched requests, latency, block size,
+  throughput), and each from its experiment's results (``fragmentation_figure(payload)``, ...).
+- :mod:`.sharing`: the prefix tree, memory saved by sharing, prefix-caching speedup, sharing over
+  time; the sharing experiments' results as figures and tables.
 - :mod:`.memory_map`: the same memory maps as text.
+- :mod:`.tables`: results as plain-text tables.
 
 Use ``from paged_attention import viz``, then ``fig = viz.memory.block_map(...)`` and
 ``viz.save(fig, "block_map")``.
 """
 
-from . import kernels, memory, memory_map, paper, scheduling, sharing, style
+from . import kernels, memory, memory_map, paper, scheduling, sharing, style, tables
 from .style import figures_dir, repo_root, save
 
 __all__ = [
@@ -26,4 +29,5 @@ __all__ = [
     "scheduling",
     "sharing",
     "style",
+    "tables",
 ]

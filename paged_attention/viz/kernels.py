@@ -1,5 +1,5 @@
 """Figures of the paged-attention kernels: what one program reads, split-K partitions, and the
-decode kernel's bandwidth.
+decode kernel's bandwidth (as a figure and as a table).
 
 Drawn for notebook 03 (the Triton kernel) and ``bench kernel``.
 """
@@ -7,6 +7,7 @@ Drawn for notebook 03 (the Triton kernel) and ``bench kernel``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
@@ -14,6 +15,9 @@ from matplotlib.patches import Patch, Rectangle
 
 from .._checks import cdiv
 from .style import COLORS, SEQUENCE_COLORS
+
+if TYPE_CHECKING:
+    from ..experiments.kernel_timing import BandwidthRow
 
 
 def program_reads(
@@ -144,10 +148,10 @@ def split_k_partitions(seq_len: int, partition_size: int, tile: int, title: str 
     return fig
 
 
-def kernel_bandwidth(rows: Sequence[object], peak: float | None, title: str) -> Figure:
+def kernel_bandwidth(rows: Sequence[BandwidthRow], peak: float | None, title: str) -> Figure:
     """Decode-kernel bandwidth (KV bytes read / s) per method against batch size, one panel per context.
 
-    ``rows`` are :class:`paged_attention.cli.bench.kernel.BandwidthRow`; ``peak`` (bytes/s) draws
+    ``rows`` are :class:`paged_attention.experiments.kernel_timing.BandwidthRow`; ``peak`` (bytes/s) draws
     the HBM peak as a dashed line when the GPU is known.
     """
     contexts = sorted({r.context for r in rows})
@@ -173,3 +177,17 @@ def kernel_bandwidth(rows: Sequence[object], peak: float | None, title: str) -> 
     fig.suptitle(f"Paged decode bandwidth: {title}", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def bandwidth_table(rows: Sequence[BandwidthRow], peak: float | None) -> str:
+    """The same rows as text: GB/s, share of the HBM ``peak`` (bytes/s, when known) and time against
+    the ``contiguous`` row of the same batch and context."""
+    by_key = {(r.method, r.batch, r.context): r for r in rows}
+    lines = [f"{'batch':>6} {'context':>8} {'method':>11} {'GB/s':>9} {'% peak':>7} {'vs contiguous':>14}"]
+    for r in rows:
+        base = by_key.get(("contiguous", r.batch, r.context))
+        ratio = f"{r.seconds / base.seconds:.3f}x" if base else ""
+        pct = f"{100 * r.bytes_per_second / peak:.0f}%" if peak else "-"
+        gbps = r.bytes_per_second / 1e9
+        lines.append(f"{r.batch:>6} {r.context:>8} {r.method:>11} {gbps:>9.1f} {pct:>7} {ratio:>14}")
+    return "\n".join(lines)

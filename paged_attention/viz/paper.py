@@ -1,5 +1,6 @@
 """The PagedAttention paper's figures, reproduced: memory breakdown (Figure 2), batched requests
-(Figure 13), latency against request rate (Figure 12), the block-size sweep and measured throughput.
+(Figure 13), latency against request rate (Figure 12), the block-size sweep and measured throughput;
+and each of those experiments' results (:mod:`paged_attention.experiments`) drawn as its figure.
 
 Drawn for notebooks 06 (fragmentation) and 07 (throughput) and the ``bench`` experiments.
 """
@@ -12,7 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from ..experiments.paper import FIG2_CATEGORIES
+from ..experiments.paper import FIG2_CATEGORIES, FIG2_PAGED_UNSPLIT, LABELS, MANAGERS
 from .style import FIG2_COLORS, SEQUENCE_COLORS
 
 UNSPLIT_COLOR = "#a0aec0"  # a share the paper reports without splitting it into categories
@@ -213,3 +214,64 @@ def batch_sweep(
     fig.suptitle(title or "Batched requests against the load and the memory", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# ---- The experiments' results (the payloads of experiments.<name>.run), as the figures above ---------
+
+
+def fragmentation_figure(payload: dict) -> Figure:
+    """Figure 2 from :func:`paged_attention.experiments.fragmentation.run`: ours and the paper's."""
+    ours = {LABELS[m]: payload["ours"][m]["stack"] for m in MANAGERS}
+    for m in ("pow2", "oracle"):  # (Max is the same either way: seven 2048-slot ranges)
+        ours[f"{LABELS[m]}\nfirst-fit"] = payload["ours"][f"{m}/first-fit"]["stack"]
+    theirs = {LABELS[m]: v for m, v in payload["paper"].items()}
+    bound = {LABELS[m]: f"bound {payload['ours'][m]['saturated_share']:.0%}" for m in MANAGERS}
+    return memory_breakdown(
+        ours,
+        theirs,
+        categories=payload["categories"],
+        title="KV memory by category: ours (solid) and the paper's Figure 2 (hatched)",
+        unsplit={LABELS["paged"]: FIG2_PAGED_UNSPLIT},
+        notes=bound,
+    )
+
+
+def capacity_figure(payload: dict) -> Figure:
+    """Figure 13 and the budget sweep from :func:`paged_attention.experiments.capacity.run`."""
+    return batched_requests(
+        {LABELS[m]: r["mean_batch"] for m, r in payload["ours"].items()},
+        {LABELS[m]: v for m, v in payload["paper"].items()},
+        peaks={LABELS[m]: r["peak_batch"] for m, r in payload["ours"].items()},
+        budgets=payload["budgets_gib"],
+        by_budget={LABELS[m]: v for m, v in payload["by_budget"].items()},
+        title=f"Batched requests, ShareGPT-like at {payload['setup']['rate']:g} req/s: "
+        "ours and the paper's Figure 13 (2 req/s)",
+    )
+
+
+def latency_figure(payload: dict) -> Figure:
+    """Figure 12 from :func:`paged_attention.experiments.latency.run`."""
+    return latency_vs_rate(
+        payload["rates"],
+        {LABELS[m]: v for m, v in payload["normalized_latency"].items()},
+        threshold=payload["setup"]["threshold_s_per_token"],
+        title="Normalized latency against request rate (ShareGPT-like, OPT-13B on A100 by cost model)",
+    )
+
+
+def block_size_figure(payload: dict) -> Figure:
+    """The block-size sweep from :func:`paged_attention.experiments.block_size.run`."""
+    return block_size_sweep(
+        payload["block_sizes"],
+        {f"{name} ({t['rate']:g} req/s)": t["normalized_latency"] for name, t in payload["traces"].items()},
+        ylabel="normalized latency (s/token)",
+    )
+
+
+def throughput_figure(payload: dict) -> Figure:
+    """Measured throughput and batch timelines from :func:`paged_attention.experiments.throughput.run`."""
+    return throughput_comparison(
+        {LABELS[c]: v for c, v in payload["tokens_per_s"].items()},
+        {LABELS[c]: (t["seconds"], t["batch"]) for c, t in payload["timeline"].items()},
+        title=f"Embedded model on this CPU, {payload['setup']['kv_slots']} KV slots for every manager",
+    )

@@ -1,5 +1,6 @@
 """Figures of block sharing: the prefix-cache tree, memory saved by parallel sampling and beam
-search (the paper's Figure 15), prefix-caching speedup, and blocks held over time.
+search (the paper's Figure 15), prefix-caching speedup, and blocks held over time; and the results
+of :mod:`paged_attention.experiments.sharing` as figures and tables.
 
 Drawn for notebook 08 (sharing) and ``bench sharing``.
 """
@@ -13,6 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from .style import COLORS, SEQUENCE_COLORS
+from .tables import table
 
 
 def prefix_tree(
@@ -200,3 +202,64 @@ def sharing_over_time(
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# ---- The results of experiments.sharing (run_memory, run_prefix), as figures and tables ----------
+
+TRACE_NAMES = {"alpaca": "Alpaca-like", "sharegpt": "ShareGPT-like"}
+
+
+def memory_figure(payload: dict) -> Figure:
+    """Our savings per trace (``run_memory``'s payload), each beside the paper's range for the trace
+    it imitates (a band)."""
+    return sharing_savings(
+        payload["setup"]["widths"],
+        {TRACE_NAMES.get(t, t): v for t, v in payload["savings"].items()},
+        {
+            TRACE_NAMES.get(t, t): {mode: (r[0], r[1]) for mode, r in ranges.items()}
+            for t, ranges in payload["paper_fig15"].items()
+        },
+    )
+
+
+def prefix_figure(payload: dict) -> Figure:
+    """Requests per second with prefix caching off and on (``run_prefix``'s payload), per prefix."""
+    results = {}
+    for name, r in payload["results"].items():
+        rates = {key: r[key]["requests_per_s"] for key in ("off", "on")}
+        results[f"{name} ({r['prefix_len']} tokens)"] = {**rates, "hit_rate": r["on"]["hit_rate"]}
+    paper_speedups = {
+        f"{name} ({r['prefix_len']} tokens)": payload["paper_fig16_speedup_vs_orca_oracle"][name]
+        for name, r in payload["results"].items()
+        if name in payload["paper_fig16_speedup_vs_orca_oracle"]
+    }
+    return prefix_caching_speedup(results, paper_speedups)
+
+
+def memory_report_text(payload: dict) -> str:
+    """Our savings per trace, mode and width, and the paper's range for that trace and mode."""
+    rows = []
+    for trace, by_mode in payload["savings"].items():
+        for mode, values in by_mode.items():
+            low_high = payload["paper_fig15"].get(trace, {}).get(mode)
+            paper_range = f"{low_high[0]}-{low_high[1]}%" if low_high else "-"
+            rows.append([trace, mode, *[f"{100 * v:.1f}%" for v in values], paper_range])
+    header = ["trace", "sharing", *[f"width {w}" for w in payload["setup"]["widths"]], "paper (OPT-13B)"]
+    return table(rows, header)
+
+
+def prefix_report_text(payload: dict) -> str:
+    """Per prefix: hit rate, prompt and model tokens, requests/s off and on, batch, same outputs."""
+    rows = []
+    for name, r in payload["results"].items():
+        off, on = r["off"], r["on"]
+        rows.append([
+            f"{name} ({r['prefix_len']})", f"{100 * on['hit_rate']:.0f}%",
+            f"{off['prompt_tokens_computed']} -> {on['prompt_tokens_computed']}",
+            f"{off['model_tokens']} -> {on['model_tokens']}", off["requests_per_s"], on["requests_per_s"],
+            f"{r['speedup']:.2f}x", f"{off['peak_batch']} -> {on['peak_batch']}",
+            "yes" if r["same_outputs"] else "NO",
+        ])  # fmt: skip
+    header = ["prefix", "hit rate", "prompt tokens computed", "all tokens through the model", "req/s off",
+              "req/s on", "speedup", "largest batch", "same tokens"]  # fmt: skip
+    return table(rows, header)

@@ -43,9 +43,14 @@ def figures_dir() -> Path:
     return path
 
 
-def save(fig: Figure, name: str) -> None:
-    """Save ``fig`` as ``figures/<name>.png`` (no software tag, so reruns are byte-stable).
+def save(fig: Figure, name: str, folder: Path | None = None) -> None:
+    """Save ``fig`` as ``figures/<name>.png``, or ``<folder>/<name>.png`` (no software tag, so reruns
+    are byte-stable).
 
     Returns nothing, so that a notebook cell ending in ``viz.save(...)`` prints no path.
     """
-    fig.savefig(figures_dir() / f"{name}.png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    if folder is None:
+        folder = figures_dir()
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+    fig.savefig(folder / f"{name}.png", dpi=110, bbox_inches="tight", metadata={"Software": None})

@@ -1,14 +1,8 @@
 """``python -m paged_attention bench fragmentation``: the paper's Figure 2, with our managers.
 
-Serve one ShareGPT-like trace (Poisson arrivals at 2 requests/s, OPT-13B on an A100-40GB through
-the cost model, 15,728 KV slots) with Orca's three reservation policies and with paging, and
-split KV memory into the paper's four categories (``paper.FIG2_CATEGORIES``: token states,
-reservation, internal fragmentation, external fragmentation & others), time-averaged while memory
-is the bottleneck: over each manager's own steps with a request waiting (``saturated_share`` says
-how much of its run that was), over the whole run for one that never waits. The caption of the
-paper's Figure 2 says only "during the experiment in §6.2"; this trace and rate are our reading.
-Contiguous policies run twice: with the buddy allocator the paper assumed and with first-fit, to
-show the conclusion does not hinge on a weak allocator. Writes ``figures/fragmentation.{png,json}``.
+The experiment (one ShareGPT-like trace at 2 requests/s, Orca's three reservation policies under
+buddy and first-fit placement, and paging) is :mod:`paged_attention.experiments.fragmentation`; the
+figure :func:`paged_attention.viz.paper.fragmentation_figure`. Writes ``figures/fragmentation.{png,json}``.
 """
 
 from __future__ import annotations
@@ -16,69 +10,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from matplotlib.figure import Figure
-
-from ... import viz
-from ...experiments import paper
-from ...experiments.serve import figure2_stack, serve
-from ...experiments.traces import synthetic_trace
-from ._progress import progress as bar
-from ._results import table, write_results
-
-
-def run(
-    num_requests: int = 2000, rate: float = paper.FIG13_SHAREGPT_RATE, seed: int = 0, progress: bool = False
-) -> dict:
-    """Figure 2 stacks (percent) and batch sizes per manager and placement, with the paper's numbers."""
-    trace = synthetic_trace("sharegpt", num_requests, rate, seed)
-    runs = {}
-    # Max is the same under either placement (seven 2048-slot ranges), so first fit runs Pow2 and Oracle.
-    configs = [(m, "buddy") for m in paper.MANAGERS] + [("pow2", "first-fit"), ("oracle", "first-fit")]
-    for manager, placement in bar(configs, progress, "fragmentation"):
-        key = manager if placement == "buddy" else f"{manager}/first-fit"
-        result = serve(trace, manager, placement=placement)
-        runs[key] = {
-            "stack": figure2_stack(result.memory),
-            "mean_batch": result.mean_batch,
-            "peak_batch": result.peak_batch,
-            "saturated_share": result.saturated_share,
-        }
-    worst = max(
-        abs(a - b)
-        for m in ("max", "pow2", "oracle")
-        for a, b in zip(runs[m]["stack"], paper.FIG2[m], strict=True)
-    )
-    return {
-        "setup": {
-            "num_requests": num_requests,
-            "rate": rate,
-            "seed": seed,
-            "kv_slots": paper.KV_SLOTS,
-            "max_model_len": paper.MAX_MODEL_LEN,
-            "block_size": paper.BLOCK_SIZE,
-            "step_overhead_s": paper.STEP_OVERHEAD,
-        },
-        "categories": list(paper.FIG2_CATEGORIES),
-        "ours": runs,
-        "paper": {m: list(v) for m, v in paper.FIG2.items()},
-        "max_abs_diff_points_contiguous_buddy": worst,
-    }
-
-
-def figure(payload: dict) -> Figure:
-    ours = {paper.LABELS[m]: payload["ours"][m]["stack"] for m in paper.MANAGERS}
-    for m in ("pow2", "oracle"):  # (Max is the same either way: seven 2048-slot ranges)
-        ours[f"{paper.LABELS[m]}\nfirst-fit"] = payload["ours"][f"{m}/first-fit"]["stack"]
-    theirs = {paper.LABELS[m]: v for m, v in payload["paper"].items()}
-    bound = {paper.LABELS[m]: f"bound {payload['ours'][m]['saturated_share']:.0%}" for m in paper.MANAGERS}
-    return viz.paper.memory_breakdown(
-        ours,
-        theirs,
-        categories=payload["categories"],
-        title="KV memory by category: ours (solid) and the paper's Figure 2 (hatched)",
-        unsplit={paper.LABELS["paged"]: paper.FIG2_PAGED_UNSPLIT},
-        notes=bound,
-    )
+from ...experiments import fragmentation, paper
+from ...viz.paper import fragmentation_figure
+from ...viz.tables import table
+from ._results import write_results
 
 
 def main(args: list[str] | None = None) -> None:
@@ -92,7 +27,7 @@ def main(args: list[str] | None = None) -> None:
         "--out", type=Path, default=None, help="folder for fragmentation.{png,json} (default figures/)"
     )
     opts = parser.parse_args(args)
-    payload = run(opts.requests, opts.rate, opts.seed, progress=True)
+    payload = fragmentation.run(opts.requests, opts.rate, opts.seed, progress=True)
     rows = []
     for key, r in payload["ours"].items():
         manager = key.split("/")[0]
@@ -103,4 +38,4 @@ def main(args: list[str] | None = None) -> None:
         "largest gap to the paper (contiguous, buddy): "
         f"{payload['max_abs_diff_points_contiguous_buddy']:.1f} points"
     )
-    write_results("fragmentation", payload, figure(payload), opts.out)
+    write_results("fragmentation", payload, fragmentation_figure(payload), opts.out)

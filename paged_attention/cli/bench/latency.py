@@ -1,13 +1,8 @@
 """``python -m paged_attention bench latency``: latency against load (the paper's Figure 12).
 
-For each request rate, a ShareGPT-like trace with Poisson arrivals is served by each manager with
-OPT-13B/A100 step times, and the mean *normalized latency* (end-to-end seconds divided by output
-tokens) is recorded. Each curve is flat until the manager's memory fills, then climbs steeply as
-requests queue. The rate at which a curve crosses a latency threshold is the rate the system
-sustains; the paper reports paging sustaining 1.7-2.7x the rate of Orca (Oracle) and 2.7-8x that of
-Orca (Max) on ShareGPT (Figure 12, §6.2; the ranges span its three models). Ours is one model
-through a cost model, a synthetic trace and a threshold we chose: compare the ordering and the
-rough size, not the digits. Writes ``figures/latency.{png,json}``.
+The experiment (a ShareGPT-like trace per request rate, each manager's normalized latency and the
+rate it sustains) is :mod:`paged_attention.experiments.latency`; the figure
+:func:`paged_attention.viz.paper.latency_figure`. Writes ``figures/latency.{png,json}``.
 """
 
 from __future__ import annotations
@@ -15,51 +10,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from matplotlib.figure import Figure
-
-from ... import viz
-from ...experiments import paper
-from ...experiments.serve import serve, sustainable_rate
-from ...experiments.traces import synthetic_trace
-from ._progress import progress as bar
-from ._results import table, write_results
-
-RATES = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.25, 2.5)
-THRESHOLD = 0.1  # s/token: about 2.5x the unloaded normalized latency of this setup
-
-
-def run(
-    num_requests: int = 600,
-    rates: tuple[float, ...] = RATES,
-    threshold: float = THRESHOLD,
-    seed: int = 0,
-    progress: bool = False,
-) -> dict:
-    """Normalized latency per manager and rate, the sustained rates, and paging's ratios over each."""
-    latencies: dict[str, list[float]] = {m: [] for m in paper.MANAGERS}
-    for rate, manager in bar([(r, m) for r in rates for m in paper.MANAGERS], progress, "latency"):
-        trace = synthetic_trace("sharegpt", num_requests, rate, seed)
-        latencies[manager].append(serve(trace, manager, report_every=0).normalized_latency)
-    sustained = {m: sustainable_rate(rates, latencies[m], threshold) for m in paper.MANAGERS}
-    return {
-        "setup": {"num_requests": num_requests, "seed": seed, "threshold_s_per_token": threshold},
-        "rates": list(rates),
-        "normalized_latency": latencies,
-        "sustained_rate": sustained,
-        "paged_over": {
-            m: sustained["paged"] / sustained[m] for m in ("max", "pow2", "oracle") if sustained[m]
-        },
-        "paper_paged_over": {m: list(v) for m, v in paper.FIG12_SHAREGPT.items()},
-    }
-
-
-def figure(payload: dict) -> Figure:
-    return viz.paper.latency_vs_rate(
-        payload["rates"],
-        {paper.LABELS[m]: v for m, v in payload["normalized_latency"].items()},
-        threshold=payload["setup"]["threshold_s_per_token"],
-        title="Normalized latency against request rate (ShareGPT-like, OPT-13B on A100 by cost model)",
-    )
+from ...experiments import latency, paper
+from ...viz.paper import latency_figure
+from ...viz.tables import table
+from ._results import write_results
 
 
 def main(args: list[str] | None = None) -> None:
@@ -67,13 +21,15 @@ def main(args: list[str] | None = None) -> None:
         prog="python -m paged_attention bench latency", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--requests", type=int, default=600, help="requests per rate")
-    parser.add_argument("--threshold", type=float, default=THRESHOLD, help="s/token that counts as sustained")
+    parser.add_argument(
+        "--threshold", type=float, default=latency.THRESHOLD, help="s/token that counts as sustained"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--out", type=Path, default=None, help="folder for latency.{png,json} (default figures/)"
     )
     opts = parser.parse_args(args)
-    payload = run(opts.requests, threshold=opts.threshold, seed=opts.seed, progress=True)
+    payload = latency.run(opts.requests, threshold=opts.threshold, seed=opts.seed, progress=True)
     rows = [
         [f"{r:.2f}", *(payload["normalized_latency"][m][i] * 1000 for m in paper.MANAGERS)]
         for i, r in enumerate(payload["rates"])
@@ -85,4 +41,4 @@ def main(args: list[str] | None = None) -> None:
             f"paged sustains {ratio:.1f}x the rate of {m}"
             + (f" (paper: {theirs[0]}-{theirs[1]}x)" if theirs else "")
         )
-    write_results("latency", payload, figure(payload), opts.out)
+    write_results("latency", payload, latency_figure(payload), opts.out)

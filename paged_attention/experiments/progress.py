@@ -1,4 +1,4 @@
-"""One progress bar over a benchmark's runs (each run is a whole trace served by one manager)."""
+"""One progress bar over an experiment's runs (each run is a whole trace served by one manager)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ T = TypeVar("T")
 
 
 def progress(items: Iterable[T], enabled: bool, desc: str) -> Iterator[T]:
-    """``items``, with a tqdm bar on stderr when ``enabled`` (benchmarks), silently otherwise (notebooks)."""
+    """``items``, with a tqdm bar on stderr when ``enabled`` (commands), silently otherwise (notebooks)."""
     if not enabled:
         yield from items
         return
