@@ -53,8 +53,12 @@ def builds(arch: int = 90) -> list[tuple[str, Callable[[], object]]]:
                 GROUP=group, HEAD_DIM=head_dim, HEAD_PAD=head_pad, BLOCK_SIZE=16, TILE=16, NATIVE_DOT=native
             )
             jobs += [
-                (dtype, decode._decode_kernel, dict(common, GROUP_PAD=16, PARTITION=0)),
-                (dtype, decode._decode_kernel, dict(common, GROUP_PAD=16, PARTITION=decode.PARTITION_SIZE)),
+                (dtype, decode._decode_kernel, dict(common, GROUP_PAD=16)),
+                (
+                    dtype,
+                    decode._decode_split_kernel,
+                    dict(common, GROUP_PAD=16, PARTITION=decode.PARTITION_SIZE),
+                ),
                 (
                     dtype,
                     prefill._prefill_kernel,

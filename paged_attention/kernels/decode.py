@@ -34,67 +34,84 @@ PARTITION_SIZE = 512  # tokens per split-K partition (a multiple of every TILE b
 
 
 @triton.jit
+def _attend_group(
+    query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq, kv_head, start, end, qk_scale,
+    stride_qs, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NATIVE_DOT: tl.constexpr,
+):  # fmt: skip
+    """One KV head's query group against tokens ``start .. end - 1`` of one sequence: the normalised
+    output ``[GROUP_PAD, HEAD_PAD]``, its running max and sum, the query heads and their mask."""
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, HEAD_PAD)
+    row_mask = (g < GROUP)[:, None] & (d < HEAD_DIM)[None, :]
+    heads = kv_head * GROUP + g
+    q_ptrs = query_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptrs, mask=row_mask, other=0.0).to(tl.float32) * qk_scale
+    acc, m, l = attend_tiles(
+        q, g, key_cache_ptr, value_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head, start, end,
+        stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+        HEAD_DIM, HEAD_PAD, BLOCK_SIZE, TILE, CAUSAL=False, NATIVE_DOT=NATIVE_DOT,
+    )  # fmt: skip
+    return acc / l[:, None], m, l, heads, row_mask
+
+
+@triton.jit
 def _decode_kernel(
-    out_ptr,  # [num_seqs, num_heads, head_dim], or partial outputs for split-K
-    m_ptr,  # split-K only: [num_seqs, num_heads, num_splits] running max (log2 units)
-    l_ptr,  # split-K only: same shape, running sum
-    query_ptr,
-    key_cache_ptr,
-    value_cache_ptr,
-    block_tables_ptr,
-    seq_lens_ptr,
-    qk_scale,
-    stride_qs,
-    stride_qh,
-    stride_os,
-    stride_oh,
-    stride_osplit,
-    stride_kb,
-    stride_kt,
-    stride_kh,
-    stride_vb,
-    stride_vt,
-    stride_vh,
-    stride_bt,
-    num_splits,
-    GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    TILE: tl.constexpr,
-    PARTITION: tl.constexpr,  # 0: no split-K, the program covers the whole sequence
-    NATIVE_DOT: tl.constexpr,
-):
+    out_ptr,  # [num_seqs, num_heads, head_dim]
+    query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq_lens_ptr, qk_scale,
+    stride_qs, stride_qh, stride_os, stride_oh,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NATIVE_DOT: tl.constexpr,
+):  # fmt: skip
+    """Program (sequence, KV head): the group's queries against the whole context."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    out, _m, _l, heads, row_mask = _attend_group(
+        query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq, kv_head, 0,
+        tl.load(seq_lens_ptr + seq), qk_scale, stride_qs, stride_qh,
+        stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
+        GROUP, GROUP_PAD, HEAD_DIM, HEAD_PAD, BLOCK_SIZE, TILE, NATIVE_DOT,
+    )  # fmt: skip
+    d = tl.arange(0, HEAD_PAD)
+    o_ptrs = out_ptr + seq * stride_os + heads[:, None] * stride_oh + d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit
+def _decode_split_kernel(
+    partial_ptr,  # [num_seqs, num_heads, num_splits, head_dim] float32: each partition's output
+    m_ptr,  # [num_seqs, num_heads, num_splits] float32: its running max (log2 units)
+    l_ptr,  # same shape: its running sum
+    query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq_lens_ptr, qk_scale,
+    stride_qs, stride_qh, stride_ps, stride_ph, stride_psplit,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt, num_splits,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, PARTITION: tl.constexpr, NATIVE_DOT: tl.constexpr,
+):  # fmt: skip
+    """Program (sequence, KV head, partition): the group's queries against ``PARTITION`` tokens."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    if PARTITION == 0:
-        start = 0
-        end = seq_len
-    else:
-        start = split * PARTITION
-        end = tl.minimum(start + PARTITION, seq_len)
-    if start < end:  # an empty split-K partition writes nothing; the reduction masks it out
-        g = tl.arange(0, GROUP_PAD)
-        d = tl.arange(0, HEAD_PAD)
-        row_mask = (g < GROUP)[:, None] & (d < HEAD_DIM)[None, :]
-        heads = kv_head * GROUP + g
-        q_ptrs = query_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :]
-        q = tl.load(q_ptrs, mask=row_mask, other=0.0).to(tl.float32) * qk_scale
-        acc, m, l = attend_tiles(
-            q, g, key_cache_ptr, value_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head, start, end,
-            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-            HEAD_DIM, HEAD_PAD, BLOCK_SIZE, TILE, CAUSAL=False, NATIVE_DOT=NATIVE_DOT,
+    start = split * PARTITION
+    end = tl.minimum(start + PARTITION, tl.load(seq_lens_ptr + seq))
+    if start < end:  # an empty partition writes nothing; the reduction masks it out
+        out, m, l, heads, row_mask = _attend_group(
+            query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq, kv_head, start, end,
+            qk_scale, stride_qs, stride_qh,
+            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
+            GROUP, GROUP_PAD, HEAD_DIM, HEAD_PAD, BLOCK_SIZE, TILE, NATIVE_DOT,
         )  # fmt: skip
-        out = acc / l[:, None]
-        o_ptrs = out_ptr + seq * stride_os + heads[:, None] * stride_oh + split * stride_osplit + d[None, :]
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask)
-        if PARTITION != 0:
-            ml_offsets = (seq * GROUP * tl.num_programs(1) + heads) * num_splits + split
-            tl.store(m_ptr + ml_offsets, m, mask=g < GROUP)
-            tl.store(l_ptr + ml_offsets, l, mask=g < GROUP)
+        d = tl.arange(0, HEAD_PAD)
+        p_ptrs = (
+            partial_ptr + seq * stride_ps + heads[:, None] * stride_ph + split * stride_psplit + d[None, :]
+        )
+        tl.store(p_ptrs, out, mask=row_mask)
+        ml_offsets = (seq * GROUP * tl.num_programs(1) + heads) * num_splits + split
+        real = tl.arange(0, GROUP_PAD) < GROUP  # the group's heads, not its padding rows
+        tl.store(m_ptr + ml_offsets, m, mask=real)
+        tl.store(l_ptr + ml_offsets, l, mask=real)
 
 
 @triton.jit
@@ -191,17 +208,17 @@ def paged_decode(
     )
     cache_strides = (*key_cache.stride()[:3], *value_cache.stride()[:3])
     if not split_k:
-        _decode_kernel[(num_seqs, num_kv_heads, 1)](
-            out, out, out, query, key_cache, value_cache, block_tables, seq_lens, qk_scale,
-            query.stride(0), query.stride(1), out.stride(0), out.stride(1), 0,
-            *cache_strides, block_tables.stride(0), 1, PARTITION=0, **meta,
+        _decode_kernel[(num_seqs, num_kv_heads)](
+            out, query, key_cache, value_cache, block_tables, seq_lens, qk_scale,
+            query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+            *cache_strides, block_tables.stride(0), **meta,
         )  # fmt: skip
         return out
     num_splits = triton.cdiv(max_seq_len, PARTITION_SIZE)
     partial = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
     m = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
     l = torch.empty_like(m)
-    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         partial, m, l, query, key_cache, value_cache, block_tables, seq_lens, qk_scale,
         query.stride(0), query.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         *cache_strides, block_tables.stride(0), num_splits, PARTITION=PARTITION_SIZE, **meta,
