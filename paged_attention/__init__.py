@@ -1,9 +1,10 @@
 """paged-attention: an educational reference implementation of PagedAttention (vLLM's KV-cache manager).
 
 ``from paged_attention import LLM, SamplingParams`` is the vLLM-compatible offline API. The folders
-are the layers: ``memory`` (blocks, page tables, the cache manager), ``kernels`` (Triton and
-PyTorch attention), ``engine`` (scheduler, model runner, ``LLMEngine``, ``LLM``), and around them
-``baselines``, ``experiments``, ``viz`` and ``cli``.
+are the layers: ``memory`` (bookkeeping: blocks, page tables, the cache manager), ``kernels``
+(Triton and PyTorch attention; tensors only), ``models`` (where the weights come from), ``engine``
+(scheduler, model runner, ``LLMEngine``, ``LLM``), and around them ``baselines``, ``experiments``,
+``viz``, ``lab`` and ``cli``.
 """
 
 from . import _triton_env  # noqa: F401  (must run before anything imports triton; see kernels/__init__.py)

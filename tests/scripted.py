@@ -1,8 +1,9 @@
-"""Scheduler tests without a model: sequences of given lengths, and a step that appends a dummy token."""
+"""Scheduler tests without a model: sequences of given lengths, and the replay's scripted step."""
 
 from paged_attention.engine.sampling import SamplingParams
 from paged_attention.engine.scheduler import Scheduler, SchedulerOutput
-from paged_attention.engine.sequence import FinishReason, Sequence
+from paged_attention.engine.sequence import Sequence
+from paged_attention.experiments.replay import scripted_step
 
 
 def seq(seq_id: int, prompt_len: int, max_tokens: int = 8, arrival: float | None = None) -> Sequence:
@@ -13,15 +14,7 @@ def seq(seq_id: int, prompt_len: int, max_tokens: int = 8, arrival: float | None
     )
 
 
-def step(scheduler: Scheduler, finish: bool = False) -> SchedulerOutput:
-    """One step with a scripted model: each sampling sequence gets a token; with ``finish``, a
-    sequence that reaches ``max_tokens`` ends and leaves the scheduler."""
-    out = scheduler.schedule()
-    scheduler.after_step(out.scheduled)
-    for s in out.scheduled:
-        if s.needs_logits:
-            s.seq.output_token_ids.append(7)
-            if finish and len(s.seq.output_token_ids) >= s.seq.params.max_tokens:
-                s.seq.finish(FinishReason.LENGTH, 0.0)
-                scheduler.finish(s.seq)
-    return out
+def step(scheduler: Scheduler) -> SchedulerOutput:
+    """One step with a scripted model: each sampling sequence gets token 7, through the scheduler's
+    own end of a step (a sequence that reaches ``max_tokens`` finishes and frees its blocks)."""
+    return scripted_step(scheduler, 0.0, token=7)[0]

@@ -30,7 +30,7 @@ from .scripted import seq
 
 def step(scheduler: Scheduler):
     """One step with a scripted model: each sampling sequence gets a token and ends at max_tokens."""
-    return scripted.step(scheduler, finish=True)
+    return scripted.step(scheduler)
 
 
 def ids(out) -> list[tuple[int, int]]:

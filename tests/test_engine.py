@@ -15,8 +15,8 @@ from transformers import (
 
 from paged_attention.engine.llm import LLM
 from paged_attention.engine.llm_engine import LLMEngine
-from paged_attention.engine.models import DEFAULT_MODEL_NAME, load_model, load_tokenizer
 from paged_attention.engine.sampling import SamplingParams
+from paged_attention.models import DEFAULT_MODEL_NAME, load_model, load_tokenizer
 from tests.streaming import finished_only
 
 PROMPTS = [[5], [17, 99, 4, 250, 31], list(range(40, 57)), [7, 300, 12] * 13]  # 1, 5, 17, 39 tokens

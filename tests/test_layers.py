@@ -1,11 +1,14 @@
 """The folders are the layers: an AST walk of every import keeps the dependency rule true.
 
-    kernels <- memory <- engine <- baselines <- experiments <- viz <- cli
-                                                          experiments <- lab <- cli
+    kernels   memory   models          (import nothing of the package but the shared helpers)
+        ^        ^       ^
+        +------ engine --+  <- baselines <- experiments <- viz, lab <- cli
 
-``kernels`` knows only tensors; ``memory`` and ``engine`` never import the apparatus around them
-(baselines, experiments, pictures, commands). Two private helper modules at the top
-(``_checks``, ``_triton_env``) may be imported by anyone.
+``kernels`` knows only tensors, ``memory`` only bookkeeping (not even torch), ``models`` only where
+weights come from; ``engine`` serves with the three and never imports the apparatus around it
+(baselines, experiments, pictures, commands). Two private helper modules at the top (``_checks``,
+``_triton_env``) may be imported by anyone. The notebooks import the core, ``experiments`` and
+``viz`` (and ``lab`` for their checks), never ``cli``.
 """
 
 from __future__ import annotations
@@ -18,16 +21,19 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "paged_attention"
 SHARED = {"_checks", "_triton_env"}
+CORE = {"engine", "memory", "kernels", "models"}
 ALLOWED = {
     "kernels": {"kernels"},
-    "memory": {"memory", "kernels"},
-    "engine": {"engine", "memory", "kernels"},
-    "baselines": {"baselines", "engine", "memory", "kernels"},
-    "experiments": {"experiments", "baselines", "engine", "memory", "kernels"},
-    "viz": {"viz", "experiments", "baselines", "engine", "memory", "kernels"},
-    "lab": {"lab", "experiments", "baselines", "engine", "memory", "kernels"},
-    "cli": {"cli", "lab", "viz", "experiments", "baselines", "engine", "memory", "kernels"},
+    "memory": {"memory"},
+    "models": {"models"},
+    "engine": CORE,
+    "baselines": {"baselines", *CORE},
+    "experiments": {"experiments", "baselines", *CORE},
+    "viz": {"viz", "experiments", "baselines", *CORE},
+    "lab": {"lab", "experiments", "baselines", *CORE},
+    "cli": {"cli", "lab", "viz", "experiments", "baselines", *CORE},
 }
+NOTEBOOK_ALLOWED = {"lab", "viz", "experiments", "baselines", *CORE}
 
 
 def package_imports(source: str, path: Path) -> set[str]:
@@ -41,6 +47,8 @@ def package_imports(source: str, path: Path) -> set[str]:
                 base = list(package[: len(package) - node.level + 1])
                 target = [*base, *(node.module.split(".") if node.module else [])]
                 names = [target] if node.module else [[*target, a.name] for a in node.names]
+            elif node.module == "paged_attention":  # a layer by name, or the engine's public API
+                names = [["paged_attention", a.name if a.name in ALLOWED else "engine"] for a in node.names]
             elif node.module and node.module.split(".")[0] == "paged_attention":
                 names = [node.module.split(".")]
             else:
@@ -67,6 +75,18 @@ def test_imports_follow_the_layers(path: Path) -> None:
     layer = layer_of(path)
     bad = package_imports(path.read_text(), path) - ALLOWED[layer] - SHARED
     assert not bad, f"{path.relative_to(PACKAGE)} ({layer}) imports {sorted(bad)}: see the rule above"
+
+
+def test_memory_is_bookkeeping_only() -> None:
+    """No tensors in ``memory``: not torch, not numpy, nothing that computes on K/V."""
+    for path in sorted((PACKAGE / "memory").glob("*.py")):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+        assert not imported & {"torch", "numpy", "triton"}, f"memory/{path.name} imports tensors"
 
 
 def test_every_module_lives_in_a_layer() -> None:
@@ -115,16 +135,27 @@ def private_names(source: str) -> set[str]:
 NOTEBOOKS = sorted((PACKAGE.parent / "notebooks").glob("*.ipynb"))
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebooks_use_only_public_views(path: Path) -> None:
+def notebook_code(path: Path) -> str:
     cells = json.loads(path.read_text())["cells"]
     code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-    code = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
-    assert private_names(code) == set()
+    return "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebooks_import_the_core_experiments_and_viz_never_the_cli(path: Path) -> None:
+    probe = PACKAGE / "notebook.py"  # absolute imports only: where the probe sits does not matter
+    found = package_imports(notebook_code(path), probe)
+    assert found, "a notebook that imports nothing of the package teaches nothing of it"
+    assert not found - NOTEBOOK_ALLOWED - SHARED, f"{path.name} imports {sorted(found - NOTEBOOK_ALLOWED)}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebooks_use_only_public_views(path: Path) -> None:
+    assert private_names(notebook_code(path)) == set()
 
 
 def test_the_command_line_uses_only_public_views() -> None:
     for path in sorted((PACKAGE / "cli").rglob("*.py")):
         source = path.read_text()
-        reached = private_names(source) - {"_progress", "_results", "_checks"}  # the cli's own helper modules
+        reached = private_names(source) - {"_results", "_checks"}  # the cli's own helper modules
         assert reached == set(), f"{path.relative_to(PACKAGE)} reaches for {sorted(reached)}"

@@ -1,4 +1,4 @@
-"""The embedded default model and offline loading (engine/embedded.py, engine/models.py).
+"""The embedded default model and offline loading (models/embedded.py, models/resolve.py).
 
 Every test points ``PAGED_ATTENTION_CACHE`` at a temporary folder, so the user's own cache is never
 read or written. One build is shared by the module; tests of building and rebuilding make their own.
@@ -14,9 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
-from paged_attention.engine import embedded
-from paged_attention.engine.embedded import DEFAULT_MODEL_NAME, cache_dir, default_model_path
-from paged_attention.engine.models import load_model, load_tokenizer, resolve_dtype
+from paged_attention.models import embedded, load_model, load_tokenizer, resolve_dtype
+from paged_attention.models.embedded import DEFAULT_MODEL_NAME, cache_dir, default_model_path
 
 ENV = "PAGED_ATTENTION_CACHE"
 PROMPTS = [

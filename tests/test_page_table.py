@@ -1,15 +1,9 @@
 import pytest
 import torch
 
+from paged_attention.kernels.layout import build_block_tables, build_csr_layout, build_slot_mapping
 from paged_attention.memory.allocator import BlockAllocator, NoFreeBlocksError
-from paged_attention.memory.page_table import (
-    AppendResult,
-    BlockCopy,
-    PageTable,
-    build_block_tables,
-    build_csr_layout,
-    build_slot_mapping,
-)
+from paged_attention.memory.page_table import AppendResult, BlockCopy, PageTable
 
 
 def test_a_new_block_exactly_when_the_last_one_is_full():

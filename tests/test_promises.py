@@ -80,7 +80,7 @@ def test_the_filters_remove_what_they_say() -> None:
 def test_min_tokens_bans_eos_even_when_it_is_the_greedy_token() -> None:
     llm = LLM(num_kv_blocks=32, block_size=4, max_model_len=64)
     engine = llm.llm_engine
-    eos = sorted(engine.stop_checker.eos_token_ids)[0]
+    eos = sorted(engine.stop_rules.eos_token_ids)[0]
     execute = engine.runner.execute
 
     def eos_first(*args, **kwargs):  # EOS becomes every step's most likely token

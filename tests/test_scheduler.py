@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged_attention.engine.scheduler import Scheduler
+from paged_attention.engine.scheduler import Scheduler, StepUpdate
 from paged_attention.engine.sequence import FinishReason, Sequence, SequenceStatus
 from paged_attention.experiments.replay import run_trace
 from paged_attention.experiments.traces import TraceRequest
@@ -78,8 +78,7 @@ def test_swap_mode_moves_pages_to_cpu_and_back():
     out = step(scheduler)
     assert out.preempted == [b] and b.status is SequenceStatus.SWAPPED
     assert len(out.swap_out) == 2 and b.num_computed_tokens == 4  # its work is kept, not recomputed
-    a.finish(FinishReason.LENGTH, 0.0)
-    scheduler.finish(a)
+    scheduler.finish(a, FinishReason.LENGTH, 0.0)
     out = step(scheduler)
     assert len(out.swap_in) == 2 and b.status is SequenceStatus.RUNNING
     assert [s.seq.seq_id for s in out.scheduled] == [1]
@@ -185,12 +184,12 @@ def test_forks_run_right_behind_their_parent():
     parent, later = seq(0, 5), seq(1, 5)
     scheduler.add(parent)
     scheduler.add(later)
-    step(scheduler)
+    out = scheduler.schedule()
     child = Sequence(7, "0", parent.prompt_token_ids, parent.params, parent.arrival_time, group_id=0)
-    child.output_token_ids = list(parent.output_token_ids)  # the prompt is computed, the new token not yet
-    child.num_computed_tokens = parent.num_computed_tokens
-    cache.fork(parent, child)
-    scheduler.add_forked(child)
+    forked = StepUpdate(forks=[(parent, child)], tokens=[(parent, [7]), (child, [8]), (later, [7])])
+    scheduler.update_from_output(out, forked, 0.0)  # the prompt is computed: the child shares it
+    assert child.num_computed_tokens == parent.num_computed_tokens == 5
+    assert cache.block_table(7) == cache.block_table(0) and scheduler.running == [parent, child, later]
     assert [s.seq_id for s in scheduler.running] == [0, 7, 1]
     out = step(scheduler)
     assert [s.seq.seq_id for s in out.scheduled] == [0, 7, 1] and len(out.block_copies) == 1
@@ -203,7 +202,7 @@ def test_parked_sequences_are_skipped_and_preempted_when_they_block_everyone():
     scheduler.add(a)
     scheduler.add(b)
     out = scheduler.schedule()
-    scheduler.after_step(out.scheduled)  # a and b computed and given no new token: both parked
+    scheduler.update_from_output(out, StepUpdate(), 0.0)  # a and b computed, no new token: both parked
     assert cache.num_free_blocks == 0 and a.num_uncomputed_tokens == 0
     scheduler.add(c)
     out = scheduler.schedule()  # nothing can run: the parked sequences step back, youngest first

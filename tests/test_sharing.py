@@ -14,8 +14,9 @@ import torch
 from paged_attention.baselines.engines import contiguous_cache
 from paged_attention.engine.llm import LLM
 from paged_attention.engine.llm_engine import LLMEngine
-from paged_attention.engine.models import DEFAULT_MODEL_NAME, load_model, load_tokenizer
 from paged_attention.engine.sampling import BeamSearchParams, SamplingParams
+from paged_attention.engine.sequence import FinishReason
+from paged_attention.models import DEFAULT_MODEL_NAME, load_model, load_tokenizer
 from tests.streaming import finished_only
 
 
@@ -136,9 +137,8 @@ def test_forked_samples_share_the_prompt_blocks_and_copy_only_the_last_one(model
     assert report.sharing_saving(8) == pytest.approx(15 / 20)
     out = engine.scheduler.schedule()  # each sample's first decode: 3 copies of the half-full block
     assert len(out.block_copies) == 3 and len({c.src for c in out.block_copies}) == 1
-    engine.scheduler.after_step([])  # (nothing ran)
-    for seq in list(engine.scheduler.running):
-        engine.scheduler.finish(seq)
+    for seq in list(engine.scheduler.running):  # (nothing ran)
+        engine.scheduler.finish(seq, FinishReason.ABORTED, 0.0)
     assert engine.cache_manager.num_free_blocks == 100
 
 
@@ -186,7 +186,7 @@ def test_beam_search_returns_transformers_beams_for_every_length_penalty(k, mode
     )
     frequent = Counter(t for out in greedy for t in out.outputs[0].token_ids).most_common(1)[0][0]
     eos = {1, frequent}
-    llm.llm_engine.stop_checker.eos_token_ids = frozenset(eos)
+    llm.llm_engine.stop_rules.eos_token_ids = frozenset(eos)
     reasons = Counter()
     for length_penalty in (1.0, 0.0, 2.0):
         params = BeamSearchParams(beam_width=k, max_tokens=16, length_penalty=length_penalty)

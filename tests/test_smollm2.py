@@ -19,10 +19,9 @@ import torch
 
 from paged_attention import LLM, SamplingParams
 from paged_attention.cli.main import main
-from paged_attention.engine import pretrained
 from paged_attention.engine.chat import as_conversations, render_chat
-from paged_attention.engine.models import load_model
-from paged_attention.engine.pretrained import (
+from paged_attention.models import load_model, pretrained
+from paged_attention.models.pretrained import (
     FETCH_COMMAND,
     SMOLLM2,
     CheckpointError,

@@ -4,11 +4,15 @@ request's ``output_kind``; ``LLM.generate`` collects the same final outputs."""
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from paged_attention.engine.detokenizer import Detokenizer
 from paged_attention.engine.llm import LLM
 from paged_attention.engine.llm_engine import LLMEngine
-from paged_attention.engine.models import load_model
 from paged_attention.engine.sampling import BeamSearchParams, RequestOutputKind, SamplingParams
+from paged_attention.engine.sequence import Sequence
+from paged_attention.models import load_model
 
 PROMPTS = ["The page table", "A block of sixteen tokens holds", "Hi"]
 
@@ -138,3 +142,60 @@ def test_gpu_memory_utilization_is_checked_even_with_a_block_count(model_and_tok
     model, tokenizer = model_and_tokenizer
     with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
         LLMEngine(model, tokenizer, num_kv_blocks=8, gpu_memory_utilization=5)
+
+
+# -- incremental detokenization ------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), skip=st.booleans())
+def test_incremental_text_equals_a_whole_decode(model_and_tokenizer, data, skip):
+    """Fed one token or several at a time, the detokenizer's text is a whole decode's: while it
+    streams, a prefix of it (never a half character), and once flushed, all of it."""
+    _, tokenizer = model_and_tokenizer
+    ids = data.draw(st.lists(st.integers(0, len(tokenizer) - 1), min_size=1, max_size=40))
+    chunks = data.draw(st.lists(st.integers(1, 4), min_size=len(ids), max_size=len(ids)))
+    seq = Sequence(0, "0", [1], SamplingParams(skip_special_tokens=skip), 0.0)
+    detokenizer = Detokenizer(tokenizer)
+    whole = tokenizer.decode(ids, skip_special_tokens=skip)
+    fed = 0
+    for n in chunks:
+        if fed == len(ids):
+            break
+        seq.output_token_ids += ids[fed : fed + n]
+        fed = min(len(ids), fed + n)
+        detokenizer.update(seq)
+        partial = tokenizer.decode(ids[:fed], skip_special_tokens=skip)
+        assert partial.startswith(seq.output_text) and "\ufffd" not in seq.output_text[-1:]
+    detokenizer.flush(seq)
+    assert seq.output_text == whole
+
+
+def test_a_streamed_step_decodes_a_few_tokens_however_long_the_output(model_and_tokenizer):
+    """The per-step cost of streaming does not grow with the output: every step decodes the newest
+    token and a window of one or two before it, at step 10 as at step 300 (a whole decode per step
+    would be O(n), O(n^2) over the stream)."""
+    model, tokenizer = model_and_tokenizer
+    engine = LLMEngine(model, tokenizer, block_size=16, num_kv_blocks=64)
+    decoded: list[int] = []
+    decode = tokenizer.decode
+
+    def counting(ids, *args, **kwargs):
+        decoded[-1] += len(ids)
+        return decode(ids, *args, **kwargs)
+
+    tokenizer.decode = counting
+    try:
+        stop = ["never in the text"]  # a stop string: the text is brought up to date at every step
+        kind = RequestOutputKind.DELTA
+        engine.add_request("long", "The KV cache", params(kind, max_tokens=300, ignore_eos=True, stop=stop))
+        text, tokens = "", []
+        while engine.has_unfinished_requests():
+            decoded.append(0)
+            for out in engine.step():
+                text += out.outputs[0].text
+                tokens += out.outputs[0].token_ids
+    finally:
+        del tokenizer.decode
+    assert out.finished and len(tokens) == 300
+    early, late = decoded[5:25], decoded[-21:-1]  # (the last step flushes the held-back text too)
+    assert max(decoded[1:-1]) <= 12 and sum(late) <= 2 * sum(early) + 20, (early, late)
+    assert text == tokenizer.decode(tokens, skip_special_tokens=True)  # nothing lost on the way

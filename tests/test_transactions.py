@@ -2,7 +2,8 @@
 
 Exceptions (KeyboardInterrupt, RuntimeError, MemoryError) are raised at points hypothesis picks:
 in the model forward (before it, or after it has written its K/V), in the K/V store of one layer,
-the sampler, a block allocation, a copy-on-write or swap copy, a fork, and a stop check. After
+the sampler, a block allocation, a copy-on-write or swap copy, a fork, a detokenization and a stop
+check (the last three inside the scheduler's end of the step, ``update_from_output``). After
 every fault the engine must hold exactly the memory its page tables say, and the run, carried on,
 must finish with the outputs of the same run without faults: every request, token for token.
 """
@@ -23,7 +24,8 @@ from paged_attention.engine.llm_engine import LLMEngine
 from paged_attention.engine.sampling import Sampler
 from paged_attention.memory.paged_manager import PagedKVCacheManager
 
-SITES = ("forward", "forward_after", "store", "sampler", "allocate", "copy", "swap", "fork", "stop")
+SITES = ("forward", "forward_after", "store", "sampler", "allocate", "copy", "swap", "fork", "detokenize",
+         "stop")  # fmt: skip
 ERRORS = (KeyboardInterrupt, RuntimeError, MemoryError)
 
 # (name, engine settings): tiny caches, so that requests preempt each other.
@@ -33,18 +35,20 @@ CONFIGS = {
     "swap+prefix": dict(preemption_mode="swap", enable_prefix_caching=True, num_cpu_blocks=12),
 }
 SHARED = [3, 14, 15, 9, 26, 5, 35, 8]  # a common prefix: prefix-cache hits
+MISSING = object()
 SEEN: dict[str, Counter] = {config: Counter() for config in CONFIGS}  # what the unfaulted runs did
 
 
 def workload() -> list[tuple[list[int], SamplingParams | BeamSearchParams]]:
-    """Samples (seeded and not), greedy requests, a beam search, stop tokens, a shared prefix."""
+    """Samples (seeded and not), greedy requests, a beam search, stop tokens and strings, a shared
+    prefix."""
     return [
         ([*SHARED, 40, 41], SamplingParams(max_tokens=8, n=3, seed=7, temperature=0.9)),
         ([7, 8, 9], SamplingParams(max_tokens=9, temperature=0.0)),
         ([*SHARED, 50], SamplingParams(max_tokens=7, n=2, temperature=1.0, top_k=20)),
         ([11, 12, 13, 14, 15], BeamSearchParams(beam_width=2, max_tokens=5)),
         ([*SHARED, 60, 61, 62], SamplingParams(max_tokens=8, seed=3, stop_token_ids=[17, 101])),
-        ([21, 22], SamplingParams(max_tokens=6, temperature=0.7, seed=11, min_tokens=2)),
+        ([21, 22], SamplingParams(max_tokens=6, temperature=0.7, seed=11, min_tokens=2, stop=["e"])),
     ]
 
 
@@ -121,32 +125,42 @@ class FaultySampler:
         self.injector.tick("sampler")
         return self.sampler(*args, **kwargs)
 
+    def __getattr__(self, name: str):  # begin, commit, rollback: the sampler's own
+        return getattr(self.sampler, name)
+
 
 def instrument(engine: LLMEngine, injector: Injector) -> Callable[[], None]:
     """Patch the engine's parts to call the injector; returns the undo."""
     manager = engine.cache_manager
     runner, kv = engine.runner, engine.kv_cache
+    allocator = getattr(manager, "allocator", None)  # a contiguous manager has none: its slots, then
+    allocation = (allocator, "allocate") if allocator is not None else (manager, "allocate_slots")
     patches = [
         (runner, "execute", injector.wrap("forward", runner.execute, after="forward_after")),
         (engine, "sampler", FaultySampler(engine.sampler, injector)),
-        (manager.allocator, "allocate", injector.wrap("allocate", manager.allocator.allocate)),
+        (*allocation, injector.wrap("allocate", getattr(*allocation))),
         (kv, "copy_blocks", injector.wrap("copy", kv.copy_blocks)),
         (kv, "copy_blocks_to", injector.wrap("swap", kv.copy_blocks_to)),
-        (engine.pool, "fork", injector.wrap("fork", engine.pool.fork)),
-        (engine.stop_checker, "append", injector.wrap("stop", engine.stop_checker.append)),
+        (manager, "fork", injector.wrap("fork", manager.fork)),
+        (engine.detokenizer, "update", injector.wrap("detokenize", engine.detokenizer.update)),
+        (engine.stop_rules, "check", injector.wrap("stop", engine.stop_rules.check)),
     ]
     if engine.cpu_cache is not None:
         cpu = engine.cpu_cache
         patches.append((cpu, "copy_blocks_to", injector.wrap("swap", cpu.copy_blocks_to)))
     store = model_runner.kernels.store_kv
     patches.append((model_runner.kernels, "store_kv", injector.wrap("store", store)))
-    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    # What each attribute was, or that it was none of the instance's own (a method of its class).
+    saved = [(obj, name, vars(obj).get(name, MISSING)) for obj, name, _ in patches]
     for obj, name, fn in patches:
         setattr(obj, name, fn)
 
     def undo() -> None:
-        for obj, name, fn in saved:
-            setattr(obj, name, fn)
+        for obj, name, fn in reversed(saved):
+            if fn is MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, fn)
 
     return undo
 

@@ -28,7 +28,6 @@ Its memory report splits each reservation into the paper's Figure 2 categories:
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 from .._checks import check_positive_int
@@ -72,6 +71,7 @@ class ContiguousKVCacheManager:
         self._admitting: dict[int, tuple[int, int]] = {}  # seq_id -> (slots, final_len), from can_admit
         self.blocked_need: int | None = None  # footprint of the request last turned away, if still waiting
         self._blocked_seq: int | None = None
+        self._saved: tuple | None = None  # the state at begin, while a step is open
 
     @property
     def num_slots(self) -> int:
@@ -182,19 +182,25 @@ class ContiguousKVCacheManager:
         return 0
 
     # -- a step is a transaction ----------------------------------------------------------------
-    def begin_step(self) -> None:
-        """Remember the arena as it is (a copy: the reservations and the placement's holes)."""
-        self._saved = copy.deepcopy({k: v for k, v in vars(self).items() if k != "_saved"})
+    def begin(self) -> None:
+        """Remember the arena as it is: the reservations and their fill, the placement's ranges
+        (O(reservations), not O(slots)) and the admission notes."""
+        fills = [(res, res.num_tokens) for res in self.reservations.values()]
+        self._saved = (dict(self.reservations), fills, dict(self._admitting), self.blocked_need,
+                       self._blocked_seq, self.placement.snapshot())  # fmt: skip
 
-    def commit_step(self) -> None:
+    def commit(self) -> None:
         self._saved = None
 
-    def rollback_step(self) -> None:
-        saved = getattr(self, "_saved", None)
-        if saved is None:
-            raise RuntimeError("rollback_step without begin_step")
-        vars(self).clear()
-        vars(self).update(saved)
+    def rollback(self) -> None:
+        if self._saved is None:
+            raise RuntimeError("rollback without begin")
+        self.reservations, fills, self._admitting, self.blocked_need, self._blocked_seq, placement = (
+            self._saved
+        )
+        for res, num_tokens in fills:
+            res.num_tokens = num_tokens
+        self.placement.restore(placement)
         self._saved = None
 
     def reused_blocks(self) -> tuple[list[int], list[int]]:

@@ -46,6 +46,11 @@ class Placement(Protocol):
     @property
     def free_slots(self) -> int: ...
 
+    def snapshot(self) -> object:
+        """The free and used ranges (O(ranges), not O(slots)), for :meth:`restore` to put back."""
+
+    def restore(self, state: object) -> None: ...
+
 
 def next_power_of_two(n: int) -> int:
     """The smallest power of two >= ``n`` (``n`` >= 1)."""
@@ -121,6 +126,14 @@ class BuddyAllocator:
     def free_slots(self) -> int:
         return sum(size * len(starts) for size, starts in self._free.items())
 
+    def snapshot(self) -> tuple[dict[int, list[int]], dict[int, int]]:
+        return {size: list(starts) for size, starts in self._free.items()}, dict(self._used)
+
+    def restore(self, state: tuple[dict[int, list[int]], dict[int, int]]) -> None:
+        free, used = state
+        self._free = {size: list(starts) for size, starts in free.items()}
+        self._used = dict(used)
+
 
 class FirstFitAllocator:
     """First fit: the lowest-addressed hole that is big enough; adjacent holes merge on free."""
@@ -168,11 +181,19 @@ class FirstFitAllocator:
     def free_slots(self) -> int:
         return sum(length for _, length in self._holes)
 
+    def snapshot(self) -> tuple[list[list[int]], dict[int, int]]:
+        return [list(hole) for hole in self._holes], dict(self._used)
+
+    def restore(self, state: tuple[list[list[int]], dict[int, int]]) -> None:
+        holes, used = state
+        self._holes = [list(hole) for hole in holes]
+        self._used = dict(used)
+
 
 PLACEMENTS = ("buddy", "first-fit")
 
 
-def make_placement(name: str, num_slots: int, max_chunk: int) -> BuddyAllocator | FirstFitAllocator:
+def make_placement(name: str, num_slots: int, max_chunk: int) -> Placement:
     """``"buddy"`` (chunks up to ``max_chunk``, rounded up to a power of two) or ``"first-fit"``."""
     if name == "buddy":
         return BuddyAllocator(num_slots, next_power_of_two(max_chunk))

@@ -23,9 +23,9 @@ from tqdm.auto import tqdm
 
 from ..baselines.engines import baseline_engine
 from ..engine.chat import render_chat
-from ..engine.models import load_model
-from ..engine.pretrained import SMOLLM2, find_pretrained
 from ..engine.sampling import RequestOutputKind, SamplingParams
+from ..models import load_model
+from ..models.pretrained import SMOLLM2, find_pretrained
 from ._threads import set_threads
 
 QUESTIONS = (

@@ -13,8 +13,8 @@ import random
 import time
 
 from ..engine.llm_engine import LLMEngine
-from ..engine.models import DEFAULT_MODEL_NAME
 from ..engine.sampling import RequestOutputKind, SamplingParams
+from ..models import DEFAULT_MODEL_NAME
 
 SENTENCE = (
     "the page table maps each logical block of a sequence to a physical block of the cache so memory "

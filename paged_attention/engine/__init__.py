@@ -2,20 +2,25 @@
 
 The path of a request, module by module::
 
-    inputs             prompt -> token ids
+    inputs             prompt -> token ids, and the checks a request must pass
     sequence           one prompt + its output so far, and where it is in its life
     request            a request's sequences, and the interface the step drives them through
     parallel_sampling  n samples forked from one prompt          beam_search  beams forked and freed
-    scheduler          who runs this step, with how many tokens (continuous batching, preemption)
+    scheduler          who runs this step, with how many tokens (continuous batching, preemption),
+                       and update_from_output, the one owner of the end of a step
+    policy             who may join and who steps back (continuous batching's two choices)
+    kv_cache           the KV tensors (KVCacheSpec: bytes per token)    capacity  how many blocks
     model_runner       packs the step, runs the transformers model with our attention function
-    sampling           SamplingParams and the batched sampler    stop_checker  when a sequence ends
+    sampling           SamplingParams and the batched sampler
+    stop_rules         when a sequence ends (they decide; the scheduler finishes it)
+    detokenizer        text a few tokens at a time (prefix and read offsets)
+    transaction        a step is a transaction: every part owns its undo
     outputs            RequestOutput / CompletionOutput (vLLM's) and step counters
     llm_engine         LLMEngine: add_request / step / abort_request
     llm                LLM: vLLM's offline front (generate, chat, beam_search)
     chat               conversations checked and rendered by the chat template
-    models, embedded   loading any model offline; the embedded tiny Llama
-    pretrained         SmolLM2-135M-Instruct: fetched at install (sha256-checked), converted once, verified
 
-The engine uses :mod:`paged_attention.memory` and :mod:`paged_attention.kernels` and never imports
-the apparatus around it (baselines, experiments, pictures, commands).
+The engine uses :mod:`paged_attention.memory`, :mod:`paged_attention.kernels` and, to load what it
+serves, :mod:`paged_attention.models`; it never imports the apparatus around it (baselines,
+experiments, pictures, commands).
 """

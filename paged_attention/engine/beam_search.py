@@ -42,11 +42,12 @@ import torch
 
 from .._checks import cdiv
 from ..memory.manager import KVCacheManager
+from .detokenizer import Detokenizer
 from .outputs import CompletionOutput, RequestOutput
 from .request import Request, SequencePool
 from .sampling import BeamSearchParams
+from .scheduler import StepUpdate
 from .sequence import Sequence, SequenceStatus
-from .stop_checker import StopChecker
 
 
 @dataclass
@@ -177,10 +178,11 @@ class BeamSearchRequest(Request):
 
     Each step, every live beam that reaches its last token leaves its best candidates
     (:meth:`BeamSearch.top_candidates`) and is then *parked* by the scheduler (nothing left to
-    compute) until all its siblings have theirs. Then :meth:`postprocess` ranks them all, forks
-    the beams that continue more than once, frees those that do not continue, and gives each new
-    beam its token. A beam search reports once, when it ends: until then a later step may still
-    drop any beam, so there is no partial text to stream.
+    compute) until all its siblings have theirs. Then :meth:`decide` ranks them all: the beams
+    that continue more than once fork, those that do not continue are dropped, and each new beam
+    gets its token (the scheduler applies it all at the step's end). A beam search reports once,
+    when it ends: until then a later step may still drop any beam, so there is no partial text to
+    stream.
     """
 
     def __init__(
@@ -191,52 +193,51 @@ class BeamSearchRequest(Request):
         params: BeamSearchParams,
         seq: Sequence,
         arrival_time: float,
-        stop_checker: StopChecker,
+        detokenizer: Detokenizer,
+        eos_token_ids: Collection[int],
+        pool: SequencePool,
     ) -> None:
-        super().__init__(request_id, prompt, prompt_token_ids, [seq], arrival_time)
-        self.search = BeamSearch(params, stop_checker.eos_token_ids)
-        self.stop_checker = stop_checker
+        super().__init__(request_id, prompt, prompt_token_ids, [seq], arrival_time, detokenizer)
+        self.search = BeamSearch(params, eos_token_ids)
+        self.pool = pool
         self.cum_logprobs = [0.0]  # one per live beam
         self._candidates: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # seq_id -> its best next tokens
+        self._saved_search: tuple | None = None
 
     @property
     def finished(self) -> bool:
         return self.search.done
 
-    def mutable_parts(self) -> list[object]:
-        return [*super().mutable_parts(), self.search]
-
     def drawers(self, seq: Sequence, logits: torch.Tensor, pool: SequencePool) -> list[Sequence]:
         self._candidates[seq.seq_id] = self.search.top_candidates(logits)
         return []
 
-    def postprocess(self, drawn: list[tuple[Sequence, int]], now: float, pool: SequencePool) -> None:
+    def decide(
+        self, drawn: list[tuple[Sequence, int]], update: StepUpdate, computed: dict[int, int], now: float
+    ) -> None:
         beams = self.seqs
-        if self.search.done or not all(self._ready(b) for b in beams):
+        if self.search.done or not all(self._ready(b, computed) for b in beams):
             return
         chosen = self.search.step(
             self.cum_logprobs,
             [self._candidates[b.seq_id] for b in beams],
             [b.output_token_ids for b in beams],
         )
-        self._candidates.clear()
+        self._candidates = {}
         beams[0].pending_forks = 0  # its seats are the new beams' now
         new_beams, continued = [], set()
         for c in chosen:  # forks first: a child copies its parent before the parent grows
             parent = beams[c.parent]
             if c.parent in continued:
-                child = pool.copy(parent, 0)
-                pool.fork(parent, child)
+                child = self.pool.copy(parent, 0)
+                update.forks.append((parent, child))
                 new_beams.append(child)
             else:
                 continued.add(c.parent)
                 new_beams.append(parent)
-        for index, beam in enumerate(beams):
-            if index not in continued:  # a dead end: its blocks go back (or to its siblings)
-                beam.status = SequenceStatus.FINISHED
-                pool.release(beam)
-        for beam, c in zip(new_beams, chosen, strict=True):
-            beam.output_token_ids.append(c.token)
+        # A dead end's blocks go back (or to its siblings); vLLM v0 marked it FINISHED_ABORTED too.
+        update.dropped += [beam for index, beam in enumerate(beams) if index not in continued]
+        update.tokens += [(beam, [c.token]) for beam, c in zip(new_beams, chosen, strict=True)]
         self._mark_first_token(now)  # the first tokens were chosen (or the search ended) now
         self.seqs, self.cum_logprobs = new_beams, [c.cum_logprob for c in chosen]
 
@@ -246,20 +247,40 @@ class BeamSearchRequest(Request):
             return None
         outputs = []
         for i, h in enumerate(self.search.finished):
-            text = self.stop_checker.decode(h.token_ids)
+            text = self.detokenizer.decode(h.token_ids)
             outputs.append(CompletionOutput(i, text, list(h.token_ids), h.finish_reason, None, h.cum_logprob))
         self.metrics.finished_time = time.monotonic()
         self.metrics.num_output_tokens = max((len(o.token_ids) for o in outputs), default=0)
         metrics = dataclasses.replace(self.metrics)
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs, True, metrics)
 
-    def _ready(self, beam: Sequence) -> bool:
-        """Its candidates are known and still hold: it has not been preempted to recompute since."""
+    def _ready(self, beam: Sequence, computed: dict[int, int]) -> bool:
+        """Its candidates are known and still hold: it has not been preempted to recompute since,
+        and once this step's tokens are computed it has nothing left to compute."""
         return (
             beam.seq_id in self._candidates
             and beam.status is SequenceStatus.RUNNING
-            and beam.num_computed_tokens == beam.num_tokens
+            and beam.num_computed_tokens + computed.get(beam.seq_id, 0) == beam.num_tokens
         )
+
+    # -- a step is a transaction: the ranking state, the scores and the candidates ----------------
+    def begin(self) -> None:
+        super().begin()
+        search = self.search
+        self._saved_search = (self.cum_logprobs, self._candidates.copy(), search.num_generated,
+                              list(search.finished), search.improvable, search.done)  # fmt: skip
+
+    def commit(self) -> None:
+        super().commit()
+        self._saved_search = None
+
+    def rollback(self) -> None:
+        super().rollback()
+        if self._saved_search is not None:
+            search = self.search
+            (self.cum_logprobs, self._candidates, search.num_generated, search.finished,
+             search.improvable, search.done) = self._saved_search  # fmt: skip
+        self._saved_search = None
 
 
 def check_beams_fit(cache: KVCacheManager, request_id: str, seq: Sequence, width: int) -> None:

@@ -1,4 +1,8 @@
-"""Does one request of ``max_model_len`` tokens fit the KV cache? Checked when the engine is built.
+"""How big the KV cache is, and does one request of ``max_model_len`` tokens fit it? Settled when
+the engine is built.
+
+:func:`size_kv_cache`: the blocks a cache gets (``num_kv_blocks``, or what a byte budget buys),
+refused before anything is allocated if the device cannot hold them.
 
 A request may grow to ``max_model_len`` tokens, and ``max_tokens=None`` asks for exactly that, so a
 cache that cannot hold one such request would reject requests one by one at run time. The engine
@@ -15,7 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
+from .._checks import check_int, check_positive_int
 from ..memory.manager import KVCacheManager
+from .kv_cache import KVCacheSpec, check_kv_fits, default_kv_cache_memory
 from .sampling import SamplingParams
 from .sequence import Sequence
 
@@ -54,3 +62,23 @@ def fit_max_model_len(
             f"{change}give the cache more memory (num_kv_blocks or kv_cache_memory)"
         )
     return build(fitting), fitting
+
+
+def size_kv_cache(
+    spec: KVCacheSpec, device: torch.device, block_size: int, num_kv_blocks: int | None,
+    kv_cache_memory: int | None, gpu_memory_utilization: float,
+) -> int:  # fmt: skip
+    """How many blocks the KV cache gets: ``num_kv_blocks`` if given, else what ``kv_cache_memory``
+    bytes (default: :func:`~.kv_cache.default_kv_cache_memory`) buy; refused if the device cannot
+    hold them."""
+    if num_kv_blocks is not None:
+        num_blocks = check_positive_int("num_kv_blocks", num_kv_blocks)
+    else:
+        default = default_kv_cache_memory(device, gpu_memory_utilization)
+        memory = kv_cache_memory if kv_cache_memory is not None else default
+        check_int("kv_cache_memory", memory, minimum=1)
+        num_blocks = spec.num_blocks_for_budget(memory, block_size)
+    block_bytes = spec.bytes_per_token * block_size
+    what = f"a KV cache of {num_blocks} blocks of {block_size} tokens ({block_bytes} bytes each)"
+    check_kv_fits(num_blocks * block_bytes, device, what)
+    return num_blocks

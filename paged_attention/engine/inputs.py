@@ -8,8 +8,12 @@ A prompt is a string, a list of token ids, or a dict with ``"prompt"`` or ``"pro
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from .sampling import SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -55,3 +59,38 @@ def tokenize(prompt: Prompt, tokenizer: PreTrainedTokenizerBase) -> tuple[str | 
     ):
         return None, list(prompt), cache_salt
     raise TypeError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+
+
+def check_arrival_time(arrival_time: object) -> None:
+    """``None`` (now) or a finite number of seconds."""
+    if arrival_time is not None and (
+        isinstance(arrival_time, bool)
+        or not isinstance(arrival_time, (int, float))
+        or not math.isfinite(arrival_time)
+    ):
+        raise TypeError(f"arrival_time must be a finite number of seconds or None, got {arrival_time!r}")
+
+
+def check_prompt(
+    token_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int
+) -> SamplingParams:
+    """Reject what cannot be served; ``max_tokens=None`` becomes the room left (vLLM's rule)."""
+    if not token_ids:
+        raise ValueError("the prompt is empty: a request needs at least one prompt token")
+    if min(token_ids) < 0 or max(token_ids) >= vocab_size:
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size}), got one out of range")
+    if any(t >= vocab_size for t in params.stop_token_ids or []):
+        raise ValueError(f"stop_token_ids must be in [0, {vocab_size}), got {params.stop_token_ids}")
+    room = max_model_len - len(token_ids)
+    if room < 1:
+        raise ValueError(
+            f"prompt of {len(token_ids)} tokens leaves no room to generate (max_model_len={max_model_len})"
+        )
+    if params.max_tokens is None:
+        return dataclasses.replace(params, max_tokens=room)
+    if params.max_tokens > room:
+        raise ValueError(
+            f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+            f"max_model_len={max_model_len}"
+        )
+    return params

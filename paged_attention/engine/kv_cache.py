@@ -25,9 +25,10 @@ from typing import Any
 
 import torch
 
-from .._checks import as_dtype, check_int, check_positive_int
-from ..kernels.reference import store_kv
-from .page_table import BlockCopy
+from .. import kernels
+from .._checks import as_dtype, check_positive_int
+from ..memory import sizes
+from ..memory.page_table import BlockCopy
 
 
 @dataclass(frozen=True)
@@ -66,21 +67,14 @@ class KVCacheSpec:
     @property
     def bytes_per_token(self) -> int:
         element = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
+        return sizes.bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, element)
 
     def bytes_per_block(self, block_size: int) -> int:
         return self.bytes_per_token * check_positive_int("block_size", block_size)
 
     def num_blocks_for_budget(self, budget_bytes: int, block_size: int) -> int:
         """How many whole blocks of ``block_size`` tokens fit in ``budget_bytes`` of memory."""
-        check_int("budget_bytes", budget_bytes, minimum=0)
-        num_blocks = budget_bytes // self.bytes_per_block(block_size)
-        if num_blocks < 1:
-            raise ValueError(
-                f"budget_bytes={budget_bytes} holds no block: one block of {block_size} tokens "
-                f"needs {self.bytes_per_block(block_size)} bytes"
-            )
-        return num_blocks
+        return sizes.num_blocks_for_budget(budget_bytes, self.bytes_per_token, block_size)
 
 
 #: The KV cache's size on a CPU when none is given (on CUDA, ``gpu_memory_utilization`` decides).
@@ -145,6 +139,25 @@ class KVCache:
         self.block_size = block_size
         shape = (spec.num_layers, 2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
         self.data = torch.zeros(shape, dtype=spec.dtype, device=device)
+        self._saved: list[tuple[list[int], torch.Tensor]] = []  # blocks protected in the open step
+
+    # -- a step is a transaction (:mod:`.transaction`) -------------------------------------------
+    def begin(self) -> None:
+        self._saved = []
+
+    def protect(self, block_ids: list[int]) -> None:
+        """Save the K/V of ``block_ids`` before the step overwrites them (blocks it took that held
+        someone's data when it began): a rollback writes them back. Nothing else is copied."""
+        if block_ids:
+            self._saved.append((list(block_ids), self.read_blocks(block_ids)))
+
+    def commit(self) -> None:
+        self._saved = []
+
+    def rollback(self) -> None:
+        for block_ids, saved in reversed(self._saved):
+            self.write_blocks(block_ids, saved)
+        self._saved = []
 
     @property
     def num_slots(self) -> int:
@@ -164,7 +177,7 @@ class KVCache:
 
     def store(self, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Write new tokens' keys and values of one layer into their slots."""
-        store_kv(key, value, self.key_cache(layer), self.value_cache(layer), slot_mapping)
+        kernels.store_kv(key, value, self.key_cache(layer), self.value_cache(layer), slot_mapping)
 
     def copy_blocks(self, copies: Iterable[BlockCopy]) -> None:
         """Perform copy-on-write copies in every layer: block ``src``'s K and V into ``dst``."""

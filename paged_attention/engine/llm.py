@@ -26,7 +26,7 @@ from .sampling import BeamSearchParams, RequestOutputKind, SamplingParams
 class LLM:
     """vLLM's offline API: ``LLM(model=...).generate(prompts, sampling_params)``.
 
-    With no ``model`` it serves the embedded tiny Llama (see :mod:`paged_attention.engine.embedded`).
+    With no ``model`` it serves the embedded tiny Llama (see :mod:`paged_attention.models.embedded`).
     ``gpu_memory_utilization`` sizes the KV cache on CUDA; on a CPU the cache is sized by
     ``num_kv_blocks`` or ``kv_cache_memory`` (bytes), else 512 MiB. Other keyword arguments go to
     :class:`LLMEngine`; vLLM's ``trust_remote_code``, ``enforce_eager``, ``disable_log_stats``,

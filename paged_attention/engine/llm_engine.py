@@ -6,7 +6,11 @@
     while has_unfinished_requests():
         step()                  # schedule -> execute -> sample -> post-process; streams outputs
 
-``step()`` returns a :class:`~.outputs.RequestOutput` for every request that produced tokens in that
+``step()`` is schedule -> execute -> sample -> update: the scheduler picks the work, the model
+runner computes logits, each request decides from them (its tokens, forks, dropped beams), and
+:meth:`Scheduler.update_from_output <.scheduler.Scheduler.update_from_output>`, the one owner of the
+end of a step, applies it all in a documented order. It returns a
+:class:`~.outputs.RequestOutput` for every request that produced tokens in that
 step, ``finished=False`` until the step that ends it (vLLM's semantics; what each holds is the
 request's ``SamplingParams.output_kind``; a ``FINAL_ONLY`` request and a beam search report once,
 when they end). An aborted request reports nothing more. :class:`~.llm.LLM` wraps the engine the way vLLM's
@@ -21,9 +25,7 @@ its logits (sample, fork ``n`` samples, run a beam search) lives in its own clas
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import math
 import os
 import time
 from collections.abc import Callable
@@ -32,21 +34,22 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .._checks import check_int, check_positive_int
-from ..memory.kv_cache import KVCache, KVCacheSpec, check_kv_fits, default_kv_cache_memory
 from ..memory.manager import KVCacheManager
 from ..memory.paged_manager import PagedKVCacheManager
+from ..models import eos_token_ids, resolve_model, serving_length
 from .beam_search import BeamSearchRequest, check_beams_fit
-from .capacity import fit_max_model_len
-from .inputs import Prompt, tokenize
+from .capacity import fit_max_model_len, size_kv_cache
+from .detokenizer import Detokenizer
+from .inputs import Prompt, check_arrival_time, check_prompt, tokenize
+from .kv_cache import KVCache, KVCacheSpec
 from .model_runner import ModelRunner
-from .models import eos_token_ids, resolve_model, serving_length
 from .outputs import RequestOutput, StepStats
 from .parallel_sampling import SamplingRequest
 from .request import Request, SequencePool
 from .sampling import BeamSearchParams, Sampler, SamplingParams
-from .scheduler import Scheduler, SchedulerOutput, SchedulingPolicy
+from .scheduler import Scheduler, SchedulerOutput, SchedulingPolicy, StepUpdate
 from .sequence import Sequence
-from .stop_checker import StopChecker
+from .stop_rules import StopRules
 from .transaction import StepTransaction
 
 #: Builds the cache manager from ``(num_blocks, block_size, max_model_len)``, the budget the engine
@@ -99,17 +102,8 @@ class LLMEngine:
         self.model, self.tokenizer = resolve_model(model, tokenizer, dtype, device)
         self.max_model_len = serving_length(self.model.config, max_model_len)
         self.spec = KVCacheSpec.from_config(self.model.config, next(self.model.parameters()).dtype)
-        if num_kv_blocks is not None:
-            num_blocks = check_positive_int("num_kv_blocks", num_kv_blocks)
-        else:
-            default = default_kv_cache_memory(device, gpu_memory_utilization)
-            memory = check_int(
-                "kv_cache_memory", default if kv_cache_memory is None else kv_cache_memory, minimum=1
-            )
-            num_blocks = self.spec.num_blocks_for_budget(memory, block_size)
-        block_bytes = self.spec.bytes_per_token * block_size
-        what = f"a KV cache of {num_blocks} blocks of {block_size} tokens ({block_bytes} bytes each)"
-        check_kv_fits(num_blocks * block_bytes, device, what)
+        num_blocks = size_kv_cache(self.spec, device, block_size, num_kv_blocks, kv_cache_memory,
+                                   gpu_memory_utilization)  # fmt: skip
         if cache_manager_factory is None:
             cpu_blocks = (
                 num_blocks if num_cpu_blocks is None and preemption_mode == "swap" else num_cpu_blocks
@@ -133,16 +127,17 @@ class LLMEngine:
             else None
         )
         budget = max(2048, self.max_model_len) if max_num_batched_tokens is None else max_num_batched_tokens
-        self.scheduler = Scheduler(manager, max_num_seqs, budget, preemption_mode, scheduling_policy)
+        self.stop_rules = StopRules(eos_token_ids(self.model, self.tokenizer), self.max_model_len)
+        self.detokenizer = Detokenizer(self.tokenizer)
+        self.scheduler = Scheduler(manager, max_num_seqs, budget, preemption_mode, scheduling_policy,
+                                   self.stop_rules, self.detokenizer)  # fmt: skip
         self.runner = ModelRunner(self.model, self.kv_cache, attention_backend)
         self.sampler = Sampler(check_int("seed", seed))
-        self.stop_checker = StopChecker(
-            self.tokenizer, eos_token_ids(self.model, self.tokenizer), self.max_model_len
-        )
-        self.pool = SequencePool(self.scheduler, manager)
+        self.pool = SequencePool()
         self._requests: dict[str, Request] = {}
         self._request_ids = itertools.count()
         self.last_step: StepStats | None = None
+        self._saved: tuple | None = None  # the open step's undo
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(
@@ -168,12 +163,7 @@ class LLMEngine:
             params = SamplingParams(temperature=0.0, max_tokens=beam.max_tokens, ignore_eos=beam.ignore_eos)
         assert isinstance(params, SamplingParams)
         params = params.clone()  # checked again (it may have been changed since it was built), and ours
-        if arrival_time is not None and (
-            isinstance(arrival_time, bool)
-            or not isinstance(arrival_time, (int, float))
-            or not math.isfinite(arrival_time)
-        ):
-            raise TypeError(f"arrival_time must be a finite number of seconds or None, got {arrival_time!r}")
+        check_arrival_time(arrival_time)
         if request_id is None:
             request_id = self._next_request_id()
         elif not isinstance(request_id, (str, int)) or isinstance(request_id, bool):
@@ -182,7 +172,7 @@ class LLMEngine:
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, token_ids, cache_salt = tokenize(prompt, self.tokenizer)
-        params = self._check_prompt(token_ids, params)
+        params = check_prompt(token_ids, params, self.model.config.vocab_size, self.max_model_len)
         width = beam.beam_width if beam else params.n
         if beam is not None and not self.cache_manager.supports_fork:
             raise ValueError("beam search forks page tables: it needs a cache manager that can fork")
@@ -204,9 +194,11 @@ class LLMEngine:
             self.scheduler.add(seq)
         request: Request
         if beam is None:
-            request = SamplingRequest(request_id, text, token_ids, params, seqs, now, self.stop_checker)
+            request = SamplingRequest(request_id, text, token_ids, params, seqs, now, self.detokenizer)
         else:
-            request = BeamSearchRequest(request_id, text, token_ids, beam, seqs[0], now, self.stop_checker)
+            eos = self.stop_rules.eos_token_ids
+            request = BeamSearchRequest(request_id, text, token_ids, beam, seqs[0], now, self.detokenizer,
+                                        eos, self.pool)  # fmt: skip
         self._requests[request_id] = request
         return request_id
 
@@ -216,37 +208,13 @@ class LLMEngine:
             pass
         return candidate
 
-    def _check_prompt(self, token_ids: list[int], params: SamplingParams) -> SamplingParams:
-        """Reject what cannot be served; ``max_tokens=None`` becomes the room left (vLLM's rule)."""
-        if not token_ids:
-            raise ValueError("the prompt is empty: a request needs at least one prompt token")
-        vocab = self.model.config.vocab_size
-        if min(token_ids) < 0 or max(token_ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab}), got one out of range")
-        if any(t >= vocab for t in params.stop_token_ids or []):
-            raise ValueError(f"stop_token_ids must be in [0, {vocab}), got {params.stop_token_ids}")
-        room = self.max_model_len - len(token_ids)
-        if room < 1:
-            raise ValueError(
-                f"prompt of {len(token_ids)} tokens leaves no room to generate "
-                f"(max_model_len={self.max_model_len})"
-            )
-        if params.max_tokens is None:
-            return dataclasses.replace(params, max_tokens=room)
-        if params.max_tokens > room:
-            raise ValueError(
-                f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                f"max_model_len={self.max_model_len}"
-            )
-        return params
-
     def abort_request(self, request_id: str) -> None:
         """Stop a request now: its sequences finish with reason ``abort``, free their blocks, and the
         request is forgotten (no output is returned for it; its id may be used again)."""
         request = self._requests.pop(request_id, None)
         if request is None:
             raise ValueError(f"no request with id {request_id!r}")
-        request.abort(time.monotonic(), self.pool)
+        request.abort(time.monotonic(), self.scheduler)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -271,7 +239,7 @@ class LLMEngine:
 
     # -- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, execute, sample, post-process; the outputs of the requests that moved on.
+        """Schedule, execute, sample, update; the outputs of the requests that moved on.
 
         A step is a transaction (:mod:`.transaction`): if anything raises inside it (Ctrl-C, out
         of memory, a bad value found mid-step), everything it changed is rolled back (page tables,
@@ -279,21 +247,17 @@ class LLMEngine:
         others) and the exception reaches the caller. The engine is then exactly as before the
         step: the next ``step()`` produces the tokens an uninterrupted run would.
         """
-        requests = list(self._requests.values())
-        scheduler = self.scheduler
         transaction = StepTransaction(
-            [self, scheduler, scheduler.scheduling_policy, self.pool]
-            + [part for request in requests for part in request.mutable_parts()],
-            [self.sampler.shared_generator]
-            + [s.generator for request in requests for s in request.seqs if s.generator is not None],
-            self.cache_manager, self.kv_cache, self.cpu_cache,
+            [self, self.scheduler, self.pool, self.sampler, self.runner],
+            self.cache_manager, (self.kv_cache, self.cpu_cache),
         )  # fmt: skip
         try:
+            transaction.begin()
             outputs = self._step(transaction)
-            transaction.commit()
         except BaseException:
             transaction.rollback()
             raise
+        transaction.commit()  # outside the try: once the results stand, nothing is undone
         return outputs
 
     def _step(self, transaction: StepTransaction) -> list[RequestOutput]:
@@ -302,9 +266,13 @@ class LLMEngine:
         transaction.protect()  # before the step writes any K/V
         scheduled_at = time.perf_counter()
         logits = self._execute(out)
-        sampled = self._sample(out, logits)
-        self.scheduler.after_step(out.scheduled)  # the step's K/V are in the cache from here on
-        outputs = self._postprocess(sampled)
+        drawn = self._sample(out, logits)
+        now = time.monotonic()
+        update, computed = StepUpdate(), {s.seq.seq_id: s.num_new_tokens for s in out.scheduled}
+        for request_id, request in self._requests.items():  # every request: a beam search may be
+            request.decide(drawn.get(request_id, []), update, computed, now)  # ready without a row
+        self.scheduler.update_from_output(out, update, now)
+        outputs = self._outputs(drawn)
         if out.is_empty and self.scheduler.has_unfinished() and not (out.preempted or out.swap_in):
             raise RuntimeError(
                 "the scheduler made no progress: no sequence could be scheduled"
@@ -339,12 +307,12 @@ class LLMEngine:
         self, out: SchedulerOutput, logits: torch.Tensor | None
     ) -> dict[str, list[tuple[Sequence, int]]]:
         """Each request's drawers and their tokens, one batched sampler call for the whole step."""
-        sampled: dict[str, list[tuple[Sequence, int]]] = {}
+        drawn: dict[str, list[tuple[Sequence, int]]] = {}
         rows: list[int] = []
         drawers: list[Sequence] = []
         for row, seq in enumerate(s.seq for s in out.scheduled if s.needs_logits):
             assert logits is not None
-            sampled.setdefault(seq.request_id, [])
+            drawn.setdefault(seq.request_id, [])
             for drawer in self._requests[seq.request_id].drawers(seq, logits[row], self.pool):
                 rows.append(row)
                 drawers.append(drawer)
@@ -352,25 +320,39 @@ class LLMEngine:
             assert logits is not None
             tokens = self.sampler(
                 logits[rows], [s.params for s in drawers], [s.generator for s in drawers],
-                [self.stop_checker.banned(s) for s in drawers],
+                [self.stop_rules.banned(s) for s in drawers],
             )  # fmt: skip
             for seq, token in zip(drawers, tokens, strict=True):
-                sampled[seq.request_id].append((seq, token))
-        return sampled
+                drawn[seq.request_id].append((seq, token))
+        return drawn
 
-    def _postprocess(self, sampled: dict[str, list[tuple[Sequence, int]]]) -> list[RequestOutput]:
-        """Apply each request's tokens; report the requests that moved on; forget the finished.
-
-        Every request is asked, not only those that sampled: a beam search may become ready to
-        advance in a step that computed none of its beams (one swapped back in, say)."""
-        now = time.monotonic()
+    def _outputs(self, drawn: dict[str, list[tuple[Sequence, int]]]) -> list[RequestOutput]:
+        """Report the requests that drew tokens or finished; forget the finished."""
         outputs = []
         for request_id, request in list(self._requests.items()):
-            tokens = sampled.get(request_id, [])
-            request.postprocess(tokens, now, self.pool)
-            output = request.output() if tokens or request.finished else None
+            output = request.output() if drawn.get(request_id) or request.finished else None
             if output is not None:
                 outputs.append(output)
             if request.finished:
                 del self._requests[request_id]
         return outputs
+
+    # -- a step is a transaction (:mod:`.transaction`): the request map, and every request -------
+    def begin(self) -> None:
+        self._saved = (dict(self._requests), self.last_step)
+        for request in self._requests.values():
+            request.begin()
+
+    def commit(self) -> None:
+        if self._saved is not None:
+            for request in self._saved[0].values():  # finished ones included
+                request.commit()
+        self._saved = None
+
+    def rollback(self) -> None:
+        if self._saved is None:
+            return
+        self._requests, self.last_step = self._saved
+        self._saved = None
+        for request in self._requests.values():
+            request.rollback()

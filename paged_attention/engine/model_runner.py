@@ -37,9 +37,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .. import kernels
-from ..kernels import reference
-from ..kernels.validation import check_tables, default_scale
-from ..memory.kv_cache import KVCache
+from ..kernels.layout import pad_block_ids
+from .kv_cache import KVCache
 from .scheduler import ScheduledSequence
 
 ATTENTION_NAME = "paged_attention"
@@ -56,7 +55,7 @@ class ForwardContext:
     query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
     decode_only: bool  # every sequence brings exactly one token
     backend: str
-    plan: reference.GatherPlan | None = None  # torch-backend decode: built once, used by every layer
+    plan: kernels.GatherPlan | None = None  # torch-backend decode: built once, used by every layer
 
 
 _context: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(
@@ -103,14 +102,9 @@ def paged_attention_forward(
     key_cache, value_cache = ctx.kv_cache.key_cache(layer), ctx.kv_cache.value_cache(layer)
     kernels.store_kv(k, v, key_cache, value_cache, ctx.slot_mapping, backend=ctx.backend)
     q = q.contiguous()
-    if ctx.plan is not None:  # checked once when the plan was built; the cache holds finite numbers only
-        scale = default_scale(q.shape[-1], scaling)
-        out = reference.decode_with_plan(
-            q, key_cache, value_cache, ctx.plan, scale, zero_padding=False, fused=True
-        )
-    elif ctx.decode_only:
+    if ctx.decode_only:  # the plan (torch backend) was checked once for all layers: the cache is finite
         out = kernels.paged_decode(q, key_cache, value_cache, ctx.block_tables, ctx.seq_lens, scaling,
-                                   backend=ctx.backend)  # fmt: skip
+                                   backend=ctx.backend, plan=ctx.plan)  # fmt: skip
     else:
         out = kernels.paged_prefill(q, key_cache, value_cache, ctx.block_tables, ctx.seq_lens,
                                     ctx.query_start_loc, scaling, backend=ctx.backend)  # fmt: skip
@@ -139,6 +133,19 @@ class ModelRunner:
         self.base_model = model.base_model
         self.lm_head = model.get_output_embeddings()
         self.last_prepare_seconds = self.last_forward_seconds = 0.0  # timings of the latest step
+        self._saved: tuple[float, float] | None = None
+
+    # -- a step is a transaction (:mod:`.transaction`): the latest step's timings ---------------
+    def begin(self) -> None:
+        self._saved = (self.last_prepare_seconds, self.last_forward_seconds)
+
+    def commit(self) -> None:
+        self._saved = None
+
+    def rollback(self) -> None:
+        if self._saved is not None:
+            self.last_prepare_seconds, self.last_forward_seconds = self._saved
+        self._saved = None
 
     @property
     def attention_implementation(self) -> str:
@@ -164,25 +171,18 @@ class ModelRunner:
             starts.append(starts[-1] + s.num_new_tokens)
             if s.needs_logits:
                 last_rows.append(starts[-1] - 1)
-        width = max(len(t) for t in block_tables)
-        table = torch.zeros(len(block_tables), width, dtype=torch.int32)
-        for row, ids in enumerate(block_tables):
-            table[row, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
         device = self.device
         ctx = ForwardContext(
             kv_cache=self.kv_cache,
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            block_tables=table.to(device),
+            block_tables=pad_block_ids(block_tables, device=device),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
             decode_only=len(token_ids) == len(scheduled),
             backend=self.backend,
         )
         if ctx.decode_only and self.backend == "torch":
-            ctx.block_tables, ctx.seq_lens, _ = check_tables(
-                ctx.block_tables, ctx.seq_lens, self.kv_cache.key_cache(0), device
-            )
-            ctx.plan = reference.GatherPlan.build(ctx.block_tables, ctx.seq_lens, self.kv_cache.block_size)
+            ctx.plan = kernels.plan_decode(ctx.block_tables, ctx.seq_lens, self.kv_cache.key_cache(0))
         input_ids = torch.tensor([token_ids], device=device)
         position_ids = torch.tensor([positions], device=device)
         prepared = time.perf_counter()

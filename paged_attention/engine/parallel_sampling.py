@@ -3,7 +3,7 @@
 With a cache manager that can fork (the paged one), a request for ``n`` samples is one sequence
 until its prompt is computed. When that sequence draws its first token, the request makes its
 ``n - 1`` siblings as copies of it; each draws its own first token from the same prompt logits,
-and once the step's K/V are recorded they fork the parent's page table: the prompt's blocks are
+and at the end of the step (``StepUpdate.forks``) they fork the parent's page table: the prompt's blocks are
 shared, and only the partly filled last block is copied when a sample writes into it.
 
 Sample ``i`` draws from its own generator seeded ``seed + i``, so its tokens are exactly those of
@@ -22,11 +22,14 @@ import time
 
 import torch
 
+from .detokenizer import Detokenizer
 from .outputs import CompletionOutput, RequestOutput
 from .request import Request, SequencePool
 from .sampling import RequestOutputKind, SamplingParams
+from .scheduler import StepUpdate
 from .sequence import Sequence
-from .stop_checker import StopChecker
+
+DELTA = RequestOutputKind.DELTA
 
 
 class SamplingRequest(Request):
@@ -40,13 +43,13 @@ class SamplingRequest(Request):
         params: SamplingParams,
         seqs: list[Sequence],
         arrival_time: float,
-        stop_checker: StopChecker,
+        detokenizer: Detokenizer,
     ) -> None:
-        super().__init__(request_id, prompt, prompt_token_ids, seqs, arrival_time)
+        super().__init__(request_id, prompt, prompt_token_ids, seqs, arrival_time, detokenizer)
         self.params = params
-        self.stop_checker = stop_checker
-        self._forks: list[tuple[Sequence, Sequence]] = []  # (parent, child) to share after this step
+        self._forks: list[tuple[Sequence, Sequence]] = []  # (parent, child) made by this step's drawers
         self._reported: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens, characters) already streamed
+        self._saved_reported: dict[int, tuple[int, int]] | None = None
 
     @property
     def finished(self) -> bool:
@@ -62,17 +65,14 @@ class SamplingRequest(Request):
         self._forks += [(seq, child) for child in children]
         return [seq, *children]
 
-    def postprocess(self, drawn: list[tuple[Sequence, int]], now: float, pool: SequencePool) -> None:
-        for parent, child in self._forks:  # the parent's prompt is computed now: share its pages
-            child.num_computed_tokens = parent.num_computed_tokens
-            pool.fork(parent, child)
-        self._forks.clear()
+    def decide(
+        self, drawn: list[tuple[Sequence, int]], update: StepUpdate, computed: dict[int, int], now: float
+    ) -> None:
+        update.forks += self._forks  # the parent's prompt is computed after this step: share its pages
+        self._forks = []
         if drawn:
             self._mark_first_token(now)
-        for seq, token in drawn:
-            self.stop_checker.append(seq, token, now)
-            if seq.is_finished:
-                pool.release(seq)
+        update.tokens += [(seq, [token]) for seq, token in drawn]
 
     def output(self) -> RequestOutput | None:
         kind, finished = self.params.output_kind, self.finished
@@ -80,13 +80,18 @@ class SamplingRequest(Request):
             return None
         outputs = []
         for seq in self.seqs:
-            text, tokens = self.stop_checker.text(seq), list(seq.output_token_ids)
-            if not seq.is_finished:
-                text = self.stop_checker.stable_text(seq, text)
+            if seq.is_finished:
+                text = seq.output_text  # complete: flushed when it finished
+            else:
+                self.detokenizer.update(seq)  # only the tokens since the last output
+                text = self.detokenizer.stable_text(seq)
+            tokens = seq.output_token_ids
             if kind is RequestOutputKind.DELTA:
                 sent_tokens, sent_chars = self._reported.get(seq.seq_id, (0, 0))
                 self._reported[seq.seq_id] = (len(tokens), len(text))
                 text, tokens = text[sent_chars:], tokens[sent_tokens:]
+            else:
+                tokens = list(tokens)
             reason = seq.finish_reason.value if seq.finish_reason else None
             outputs.append(CompletionOutput(seq.sample_index, text, tokens, reason, seq.stop_reason))
         metrics = self.metrics
@@ -102,3 +107,19 @@ class SamplingRequest(Request):
             finished,
             dataclasses.replace(metrics),  # each output keeps the metrics of its own step
         )
+
+    # -- a step is a transaction -----------------------------------------------------------------
+    def begin(self) -> None:
+        super().begin()
+        self._saved_reported = dict(self._reported) if self.params.output_kind is DELTA else None
+
+    def rollback(self) -> None:
+        super().rollback()
+        self._forks = []
+        if self._saved_reported is not None:
+            self._reported = self._saved_reported
+        self._saved_reported = None
+
+    def commit(self) -> None:
+        super().commit()
+        self._saved_reported = None

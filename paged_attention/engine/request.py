@@ -1,37 +1,41 @@
 """A request, and the small interface through which the engine's step drives it.
 
-The step never asks what kind of request it holds. It calls, for each request that had a
-sequence reach its last token this step:
+The step never asks what kind of request it holds. For each request, every step:
 
-1. :meth:`Request.drawers`: which sequences draw a token from this sequence's logits row. A
-   sampling request answers with the sequence itself (plus, on its first token, the samples it
-   forks into); a beam search keeps the row's best candidates and answers with none.
-2. :meth:`Request.postprocess`, once the step's K/V are recorded as computed: share pages with
-   new samples, append the drawn tokens, finish what ended, or advance the beams.
+1. :meth:`Request.drawers`, for each of its sequences that reached its last token: which
+   sequences draw a token from that sequence's logits row. A sampling request answers with the
+   sequence itself (plus, on its first token, the samples it forks into); a beam search keeps the
+   row's best candidates and answers with none.
+2. :meth:`Request.decide`, once the tokens are drawn: what the step's end must do for it, written
+   into the step's :class:`~.scheduler.StepUpdate` (tokens to append, children to fork, beams to
+   drop). A request changes only its own bookkeeping here; the scheduler applies the update
+   (:meth:`Scheduler.update_from_output <.scheduler.Scheduler.update_from_output>`).
 3. :meth:`Request.output`: what ``step()`` reports for it now, if anything.
 
-Requests change memory only through a :class:`SequencePool`, which makes sequences and hands
-forks and finished sequences to the scheduler and the cache manager.
+New sequences (samples, beams) come from a :class:`SequencePool`, which gives them fresh ids and
+their own generators.
 """
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
-from ..memory.manager import KVCacheManager
+from .detokenizer import Detokenizer
 from .outputs import RequestMetrics, RequestOutput
 from .sampling import SamplingParams, sample_generator
-from .scheduler import Scheduler
+from .scheduler import Scheduler, StepUpdate
 from .sequence import FinishReason, Sequence
 
 
 class SequencePool:
-    """Makes sequences (with fresh ids and their own generators), forks them, and releases them."""
+    """Makes sequences, with fresh ids and their own generators (a transactional part: a rolled-back
+    step gives its ids out again)."""
 
-    def __init__(self, scheduler: Scheduler, cache_manager: KVCacheManager) -> None:
-        self.scheduler = scheduler
-        self.cache_manager = cache_manager
-        self.next_seq_id = 0  # a plain number, so that a rolled-back step gives its ids out again
+    def __init__(self) -> None:
+        self.next_seq_id = 0
+        self._saved: int | None = None
 
     def new(
         self,
@@ -52,21 +56,24 @@ class SequencePool:
             self._new_id(), parent.request_id, parent.prompt_token_ids, parent.params,
             parent.arrival_time, sample_index, sample_generator(parent.params, sample_index),
             output_token_ids=list(parent.output_token_ids), num_computed_tokens=parent.num_computed_tokens,
-            cache_salt=parent.cache_salt, group_id=parent.group_id,
+            cache_salt=parent.cache_salt, group_id=parent.group_id, output_text=parent.output_text,
+            prefix_offset=parent.prefix_offset, read_offset=parent.read_offset,
         )  # fmt: skip
 
     def _new_id(self) -> int:
         self.next_seq_id += 1
         return self.next_seq_id - 1
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        """``child`` shares ``parent``'s pages and joins the running set at once."""
-        self.cache_manager.fork(parent, child)
-        self.scheduler.add_forked(child)
+    def begin(self) -> None:
+        self._saved = self.next_seq_id
 
-    def release(self, seq: Sequence) -> None:
-        """A finished sequence leaves every queue; its blocks go back (or stay with their other owners)."""
-        self.scheduler.finish(seq)
+    def commit(self) -> None:
+        self._saved = None
+
+    def rollback(self) -> None:
+        if self._saved is not None:
+            self.next_seq_id = self._saved
+        self._saved = None
 
 
 class Request:
@@ -79,12 +86,15 @@ class Request:
         prompt_token_ids: list[int],
         seqs: list[Sequence],
         arrival_time: float,
+        detokenizer: Detokenizer,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.seqs = seqs  # samples in index order; for a beam search, the live beams, best first
         self.metrics = RequestMetrics(arrival_time)
+        self.detokenizer = detokenizer
+        self._saved: tuple | None = None
 
     @property
     def finished(self) -> bool:
@@ -94,26 +104,50 @@ class Request:
         """The sequences that draw a token from ``logits``, the row of ``seq``'s last token."""
         raise NotImplementedError
 
-    def postprocess(self, drawn: list[tuple[Sequence, int]], now: float, pool: SequencePool) -> None:
-        """Apply this step's tokens (``drawn``: the drawers and their tokens) once its K/V are computed."""
+    def decide(
+        self, drawn: list[tuple[Sequence, int]], update: StepUpdate, computed: dict[int, int], now: float
+    ) -> None:
+        """Write what this step's end must do for the request into ``update``. ``drawn``: the
+        drawers and their tokens; ``computed``: tokens each scheduled sequence computes this step
+        (by seq id), so that a request can tell which sequences are fully computed after it."""
         raise NotImplementedError
 
     def output(self) -> RequestOutput | None:
         """What ``step()`` reports for this request after a step that gave it tokens (``None``: nothing)."""
         raise NotImplementedError
 
-    def mutable_parts(self) -> list[object]:
-        """Every object of this request that a step may change in place (the request itself, its
-        metrics, its live sequences): what a step's transaction snapshots (:mod:`.transaction`)."""
-        return [self, self.metrics, *self.seqs]
-
-    def abort(self, now: float, pool: SequencePool) -> None:
-        """Finish every live sequence with reason ``abort`` and release its memory."""
+    def abort(self, now: float, scheduler: Scheduler) -> None:
+        """Finish every live sequence with reason ``abort`` (its memory goes back)."""
         for seq in self.seqs:
             if not seq.is_finished:
-                seq.finish(FinishReason.ABORTED, now)
-                pool.release(seq)
+                scheduler.finish(seq, FinishReason.ABORTED, now)
 
     def _mark_first_token(self, now: float) -> None:
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
+
+    # -- a step is a transaction (:mod:`.transaction`) -------------------------------------------
+    def begin(self) -> None:
+        """Keep the list of sequences (it may grow or be replaced), the metrics, and begin every
+        sequence; a subclass adds its own state."""
+        self._saved = (self.seqs, len(self.seqs), copy.copy(self.metrics))
+        for seq in self.seqs:
+            seq.begin()
+
+    def commit(self) -> None:
+        for seq in self.seqs:
+            seq.commit()
+        saved, self._saved = self._saved, None
+        if saved is not None and saved[0] is not self.seqs:
+            for seq in saved[0]:  # sequences the step replaced (beams) are no longer held
+                seq.commit()
+
+    def rollback(self) -> None:
+        if self._saved is None:
+            return
+        seqs, length, self.metrics = self._saved
+        del seqs[length:]
+        self.seqs = seqs
+        for seq in seqs:
+            seq.rollback()
+        self._saved = None

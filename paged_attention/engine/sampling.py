@@ -201,6 +201,19 @@ class Sampler:
 
     def __init__(self, seed: int = 0) -> None:
         self.shared_generator = torch.Generator().manual_seed(seed)
+        self._saved: torch.Tensor | None = None
+
+    # -- a step is a transaction (:mod:`.transaction`): the shared generator's state ------------
+    def begin(self) -> None:
+        self._saved = self.shared_generator.get_state()
+
+    def commit(self) -> None:
+        self._saved = None
+
+    def rollback(self) -> None:
+        if self._saved is not None:
+            self.shared_generator.set_state(self._saved)
+        self._saved = None
 
     def __call__(
         self,

@@ -25,15 +25,24 @@ and a waiting one takes its place in the very next step. The scheduler below doe
    with those tokens already computed (``lookup_prefix``) and spends budget only on the rest.
 
 Sharing adds two rules. A request with ``n`` samples or ``beam_width`` beams is admitted as one
-sequence that will fork: it takes all its seats in ``max_num_seqs`` at once, and the engine adds
-its children to the running set right after its prompt is computed (:meth:`add_forked`). And a
-beam waits for its siblings: once its newest token is computed it has nothing to run
+sequence that will fork: it takes all its seats in ``max_num_seqs`` at once, and its children join
+the running set right after its prompt is computed (``StepUpdate.forks``). And a beam waits for its
+siblings: once its newest token is computed it has nothing to run
 (``num_uncomputed_tokens == 0``) and is *parked*, skipped, until the engine has chosen the next
 beams from all of them.
 
-**Who may join, and who steps back** is a :class:`SchedulingPolicy`: continuous batching by
-default (anyone waiting may join at any step; the latest arrival is preempted first). The static
-batching baseline (:mod:`paged_attention.baselines.static_batching`) is another policy, not a flag.
+**Who may join, and who steps back** is a :class:`~.policy.SchedulingPolicy`: continuous batching
+by default (anyone waiting may join at any step; the latest arrival is preempted first).
+
+**The end of a step has one owner**, :meth:`Scheduler.update_from_output` (vLLM's name). Given
+what the step scheduled and what the requests decided from its logits (a :class:`StepUpdate`), it
+alone, in this order: (1) advances every scheduled sequence's computed count; (2) forks the new
+children, which share their parent's pages; (3) finishes the sequences dropped without a token (a
+beam that did not survive); (4) appends each sequence's tokens one by one, asking the stop rules
+(:mod:`.stop_rules`, which only decide) after each and finishing the sequence at the first stop, so
+that nothing after a stop is kept; (5) returns what finished. Finishing is one path,
+:meth:`finish`: status and reason, out of every queue, pages freed. The engine, the trace replay
+and the tests' scripted model all end their steps here.
 
 Why this cannot deadlock: a request that could never fit (its prompt plus ``max_tokens`` beyond the
 whole cache) is rejected when it is added, and the oldest running sequence is never the victim
@@ -48,13 +57,17 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .._checks import check_positive_int
 from ..memory.manager import KVCacheManager
 from ..memory.page_table import BlockCopy
-from .sequence import Sequence, SequenceStatus
+from .detokenizer import Detokenizer
+from .policy import SchedulingPolicy
+from .sequence import FinishReason, Sequence, SequenceStatus
+from .stop_rules import StopRules
+
+__all__ = ["ScheduledSequence", "Scheduler", "SchedulerOutput", "SchedulingPolicy", "StepUpdate"]
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -98,40 +111,26 @@ class SchedulerOutput:
         return not self.scheduled
 
 
-class SchedulingPolicy:
-    """Continuous batching's two choices, who may join and who steps back, as hooks a baseline (or a
-    student) may override. A policy may keep state: give each scheduler its own instance.
+@dataclass
+class StepUpdate:
+    """What the requests decided from one step's logits, for :meth:`Scheduler.update_from_output`.
 
-    * :meth:`opens_admission` is asked once per step, before anyone waiting is admitted: may the
-      queue be admitted from at all this step? :meth:`may_admit` is then asked for the sequence at
-      the head of the queue; admission stops at the first "no" (first come, first served).
-      :meth:`admits` then says whether memory allows it (the cache manager's rule by default).
-      :meth:`admission_ended` hears whether only the token budget stopped admission.
-    * :meth:`victim` picks whom to preempt when memory runs out: the latest arrival, so that the
-      oldest sequence always makes progress (the no-deadlock argument above relies on it).
+    * ``forks``: ``(parent, child)`` pairs; the child is a fresh copy of the parent (same tokens,
+      no memory yet) that will share the parent's pages;
+    * ``tokens``: ``(sequence, new tokens)`` pairs, in order; one token per sequence for ordinary
+      sampling (several would be appended one by one, stopping at the first stop);
+    * ``dropped``: sequences that end without a token (beams that did not survive).
     """
 
-    def opens_admission(self, running: list[Sequence], waiting: Iterable[Sequence]) -> bool:
-        return True
+    forks: list[tuple[Sequence, Sequence]] = field(default_factory=list)
+    tokens: list[tuple[Sequence, list[int]]] = field(default_factory=list)
+    dropped: list[Sequence] = field(default_factory=list)
 
-    def may_admit(self, seq: Sequence) -> bool:
-        return True
-
-    def admits(self, seq: Sequence, num_new_tokens: int, cache_manager: KVCacheManager) -> bool:
-        """Memory admission: may ``seq`` start now, with ``num_new_tokens`` tokens to compute after
-        its first ``seq.num_computed_tokens`` (a prefix-cache hit)? ``num_new_tokens`` is all it
-        must compute before it samples (its whole prompt, or whole recompute), even when the token
-        budget lets this step compute only a first chunk: a sequence admitted for its first chunk
-        alone would preempt itself on the next. The manager's own rule by default: for the paged
-        manager, the blocks it needs must leave ``watermark_blocks`` free."""
-        return cache_manager.can_admit(seq, num_new_tokens)
-
-    def admission_ended(self, stopped_by_budget: bool) -> None:
-        return None
-
-    def victim(self, running: list[Sequence]) -> Sequence:
-        """The sequence to preempt; ``running`` is in arrival order (forks behind their parent)."""
-        return running[-1]
+    @classmethod
+    def scripted(cls, out: SchedulerOutput, token: int = 0) -> StepUpdate:
+        """A model stand-in: every sequence that reached its last token samples ``token`` (the
+        trace replay and the tests' scripted model)."""
+        return cls(tokens=[(s.seq, [token]) for s in out.scheduled if s.needs_logits])
 
 
 class Scheduler:
@@ -144,7 +143,11 @@ class Scheduler:
         max_num_batched_tokens: int = 2048,
         preemption_mode: str = "recompute",
         scheduling_policy: SchedulingPolicy | None = None,
+        stop_rules: StopRules | None = None,
+        detokenizer: Detokenizer | None = None,
     ) -> None:
+        """``stop_rules``: the engine's (its EOS tokens, ``max_model_len``); by default only
+        ``max_tokens`` ends a sequence. ``detokenizer``: needed by sequences with stop strings."""
         check_positive_int("max_num_seqs", max_num_seqs)
         check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
         if preemption_mode not in PREEMPTION_MODES:
@@ -162,12 +165,15 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.preemption_mode = preemption_mode
         self.scheduling_policy = scheduling_policy or SchedulingPolicy()
+        self.stop_rules = stop_rules or StopRules()
+        self.detokenizer = detokenizer
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in arrival order: the last one is the next victim
         self.swapped: deque[Sequence] = deque()
         self.num_preemptions = 0
         self.num_self_preemptions = 0  # preemptions of the very sequence that asked for memory
         self.num_swap_fallbacks = 0  # swap-mode victims recomputed instead: the CPU pool was too full
+        self._saved: tuple | None = None  # the open step's undo
 
     # -- queues ---------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -180,24 +186,58 @@ class Scheduler:
                 f"request {seq.request_id!r} will run {seq.num_seats} sequences at once "
                 f"but max_num_seqs={self.max_num_seqs}"
             )
+        if seq.params.stop_strings and self.detokenizer is None:
+            raise ValueError(f"request {seq.request_id!r} has stop strings but this scheduler no detokenizer")
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
-
-    def add_forked(self, child: Sequence) -> None:
-        """A child forked from a running parent joins the running set at once (its memory is shared)."""
-        self._run(child)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
-    def finish(self, seq: Sequence) -> None:
-        """Drop a finished (or aborted) sequence from every queue and free its memory."""
+    def finish(
+        self, seq: Sequence, reason: FinishReason, now: float, stop_reason: int | str | None = None
+    ) -> None:
+        """The one way a sequence ends (a stop, a length, an abort, a beam dropped): it records why
+        and when, leaves every queue, its text is completed, and its blocks go back (or stay with
+        their other owners)."""
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason, seq.stop_reason, seq.finish_time = reason, stop_reason, now
         for queue in (self.waiting, self.swapped):
             if seq in queue:
                 queue.remove(seq)
         if seq in self.running:
             self.running.remove(seq)
         self.cache_manager.free(seq.seq_id)
+        if self.detokenizer is not None and reason is not FinishReason.ABORTED:
+            self.detokenizer.flush(seq)
+
+    # -- the end of a step (see the module docstring) -------------------------------------------
+    def update_from_output(self, out: SchedulerOutput, update: StepUpdate, now: float) -> list[Sequence]:
+        """Apply one step's results, in the documented order; returns the sequences it finished."""
+        for s in out.scheduled:  # (1) the step's K/V are in the cache from here on
+            s.seq.num_computed_tokens += s.num_new_tokens
+        for parent, child in update.forks:  # (2) the parent's prompt is computed: share its pages
+            child.num_computed_tokens = parent.num_computed_tokens
+            self.cache_manager.fork(parent, child)
+            self._run(child)
+        finished = []
+        for seq in update.dropped:  # (3)
+            self.finish(seq, FinishReason.ABORTED, now)
+            finished.append(seq)
+        rules, detokenizer = self.stop_rules, self.detokenizer
+        for seq, tokens in update.tokens:  # (4) one token at a time: nothing after a stop is kept
+            for token in tokens:
+                seq.output_token_ids.append(token)
+                text_from = detokenizer.update(seq) if seq.params.stop_strings and detokenizer else 0
+                stop = rules.check(seq, text_from)
+                if stop is not None:
+                    if stop.cut is not None:
+                        seq.output_text = seq.output_text[: stop.cut]
+                        seq.read_offset = seq.prefix_offset = len(seq.output_token_ids)  # text is final
+                    self.finish(seq, stop.reason, now, stop.stop_reason)
+                    finished.append(seq)
+                    break
+        return finished  # (5)
 
     # -- one step -------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -330,7 +370,22 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         bisect.insort(self.running, seq, key=lambda s: s.order_key)
 
-    def after_step(self, scheduled: list[ScheduledSequence]) -> None:
-        """Record that the scheduled tokens' K/V are now in the cache."""
-        for s in scheduled:
-            s.seq.num_computed_tokens += s.num_new_tokens
+    # -- a step is a transaction (:mod:`.transaction`) -------------------------------------------
+    def begin(self) -> None:
+        """Keep the queues (references to live sequences: a step visits the running ones anyway)
+        and the counters; the policy keeps its own."""
+        counters = (self.num_preemptions, self.num_self_preemptions, self.num_swap_fallbacks)
+        self._saved = (self.waiting.copy(), self.running.copy(), self.swapped.copy(), counters)
+        self.scheduling_policy.begin()
+
+    def commit(self) -> None:
+        self._saved = None
+        self.scheduling_policy.commit()
+
+    def rollback(self) -> None:
+        saved = getattr(self, "_saved", None)
+        if saved is not None:
+            self.waiting, self.running, self.swapped, counters = saved
+            self.num_preemptions, self.num_self_preemptions, self.num_swap_fallbacks = counters
+        self._saved = None
+        self.scheduling_policy.rollback()

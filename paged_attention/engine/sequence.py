@@ -8,8 +8,10 @@ its prompt is computed: the children share the parent's KV blocks (see
                   ^            |
                   +-preempted--+   (PREEMPTED: recompute later, or SWAPPED: its pages wait in CPU memory)
 
-The scheduler moves it; the cache manager owns its pages (the sequence only knows how many of its
-tokens are in the cache, ``num_computed_tokens``). Chunked prefill is simply a sequence whose
+The scheduler moves it and alone finishes it (:meth:`Scheduler.update_from_output
+<.scheduler.Scheduler.update_from_output>`, :meth:`Scheduler.finish <.scheduler.Scheduler.finish>`);
+the cache manager owns its pages (the sequence only knows how many of its tokens are in the
+cache, ``num_computed_tokens``). Chunked prefill is simply a sequence whose
 ``num_computed_tokens`` is still below ``len(prompt)`` after a step, and a prefix-cache hit is a
 sequence admitted with ``num_computed_tokens`` already above zero.
 """
@@ -57,16 +59,29 @@ class Sequence:
     stop_reason: int | str | None = None
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_preemptions: int = 0
-    first_token_time: float | None = None
     finish_time: float | None = None
-    output_text: str = ""
+    output_text: str = ""  # decoded up to read_offset (:mod:`.detokenizer`)
+    prefix_offset: int = 0  # the detokenizer's window into output_token_ids starts here
+    read_offset: int = 0  # output tokens already in output_text
     # -- sharing (prefix caching, parallel sampling, beam search) --
     cache_salt: str | None = None  # extra key of the first block's hash: only equal salts share a cache
     block_hashes: list[bytes] = field(default_factory=list)  # hash chain of its full blocks (prefix_cache.py)
     group_id: int = -1  # the request's first sequence id, shared by its forks (-1: its own seq_id)
     pending_forks: int = 0  # children it will fork into after prefill (n - 1, or beam_width - 1)
+    _saved: tuple | None = field(default=None, init=False, repr=False)  # the open step's undo
+
+    #: What a step may change, and how a rollback puts it back: plain values are restored, the
+    #: append-only lists truncated back to their length, the generator given back its state. Every
+    #: other field is fixed for the sequence's life (``tests/test_transactions.py`` checks the split).
+    MUTABLE = ("status", "finish_reason", "stop_reason", "num_computed_tokens", "num_preemptions",
+               "finish_time", "output_text", "prefix_offset", "read_offset", "pending_forks",
+               "block_hashes")  # fmt: skip
+    APPEND_ONLY = ("output_token_ids",)
+    FIXED = ("seq_id", "request_id", "prompt_token_ids", "params", "arrival_time", "sample_index",
+             "generator", "cache_salt", "group_id")  # fmt: skip
 
     def __post_init__(self) -> None:
+        self._saved = None  # an attribute of its own from the start (the class default is not)
         if self.group_id < 0:
             self.group_id = self.seq_id
 
@@ -115,11 +130,30 @@ class Sequence:
         back through the model, so prompt + max_tokens - 1."""
         return self.max_total_tokens - 1
 
-    def finish(self, reason: FinishReason, now: float, stop_reason: int | str | None = None) -> None:
-        self.status = SequenceStatus.FINISHED
-        self.finish_reason = reason
-        self.stop_reason = stop_reason
-        self.finish_time = now
+    # -- a step is a transaction (:mod:`.transaction`): O(1), whatever the sequence holds ---------
+    def begin(self) -> None:
+        generator = self.generator.get_state() if self.generator is not None else None
+        hashes = self.block_hashes
+        values = (self.status, self.finish_reason, self.stop_reason, self.num_computed_tokens,
+                  self.num_preemptions, self.finish_time, self.output_text, self.prefix_offset,
+                  self.read_offset, self.pending_forks, hashes)  # fmt: skip
+        self._saved = (values, len(self.output_token_ids), len(hashes), generator)
+
+    def commit(self) -> None:
+        self._saved = None
+
+    def rollback(self) -> None:
+        if self._saved is None:
+            return  # made during the step: its request forgets it
+        values, num_outputs, num_hashes, generator = self._saved
+        (self.status, self.finish_reason, self.stop_reason, self.num_computed_tokens,
+         self.num_preemptions, self.finish_time, self.output_text, self.prefix_offset,
+         self.read_offset, self.pending_forks, self.block_hashes) = values  # fmt: skip
+        del self.output_token_ids[num_outputs:]
+        del self.block_hashes[num_hashes:]
+        if generator is not None:
+            self.generator.set_state(generator)  # type: ignore[union-attr]
+        self._saved = None
 
     def __repr__(self) -> str:
         return (

@@ -3,8 +3,9 @@
 Memory experiments do not need a model's numbers, only its *lengths*: each request of a trace says
 how many tokens it will generate. The executor runs the very same
 :class:`~paged_attention.engine.scheduler.Scheduler` and cache manager as the engine, step by step, and
-instead of a forward pass it appends a dummy token to every sequence that samples, finishing it
-when its scripted output length is reached.
+instead of a forward pass it hands the scheduler's own end of a step
+(:meth:`~paged_attention.engine.scheduler.Scheduler.update_from_output`) a dummy token for every
+sequence that samples; the stop rules finish it when its scripted output length is reached.
 An hour of traffic takes seconds, and every step's state is recorded for pictures.
 
 **Time.** Without a ``step_time`` model every step lasts one unit, whatever it computes, and
@@ -31,8 +32,8 @@ from dataclasses import dataclass, field
 
 from .._checks import cdiv
 from ..engine.sampling import SamplingParams
-from ..engine.scheduler import Scheduler, SchedulerOutput, SchedulingPolicy
-from ..engine.sequence import FinishReason, Sequence
+from ..engine.scheduler import Scheduler, SchedulerOutput, SchedulingPolicy, StepUpdate
+from ..engine.sequence import Sequence
 from ..memory.accounting import MemoryReport
 from ..memory.manager import KVCacheManager
 from .traces import TraceRequest
@@ -165,22 +166,14 @@ def run_trace(
             scheduler.add(seq)
             sequences[index] = seq
             next_arrival += 1
-        out = scheduler.schedule()
+        out, done = scripted_step(scheduler, float(step))
         for victim in out.preempted:
             result.preemptions[victim.seq_id] = result.preemptions.get(victim.seq_id, 0) + 1
         duration = step_time(out) if step_time is not None else 1.0
-        scheduler.after_step(out.scheduled)
-        finished = 0
-        for s in out.scheduled:
-            if s.needs_logits:
-                seq = s.seq
-                seq.output_token_ids.append(0)
-                if len(seq.output_token_ids) >= seq.params.max_tokens:
-                    seq.finish(FinishReason.LENGTH, float(step))
-                    scheduler.finish(seq)
-                    result.finish_step[seq.seq_id] = step
-                    result.finish_time[seq.seq_id] = (now + duration) if step_time is not None else step + 1
-                    finished += 1
+        for seq in done:
+            result.finish_step[seq.seq_id] = step
+            result.finish_time[seq.seq_id] = (now + duration) if step_time is not None else step + 1
+        finished = len(done)
         report = cache_manager.memory_report() if report_every > 0 and step % report_every == 0 else None
         result.steps.append(
             StepRecord(
@@ -200,6 +193,15 @@ def run_trace(
     result.num_self_preemptions = scheduler.num_self_preemptions
     result.num_swap_fallbacks = scheduler.num_swap_fallbacks
     return result
+
+
+def scripted_step(scheduler: Scheduler, now: float, token: int = 0) -> tuple[SchedulerOutput, list[Sequence]]:
+    """One step with the model replaced by a script: schedule, then the scheduler's own end of a
+    step with ``token`` sampled by every sequence that reached its last token (the stop rules end
+    a sequence at its ``max_tokens``). Returns the step's schedule and the sequences it finished.
+    The trace replay, notebook 04 and the scheduler tests all step this way."""
+    out = scheduler.schedule()
+    return out, scheduler.update_from_output(out, StepUpdate.scripted(out, token), now)
 
 
 def linear_step_time(

@@ -23,6 +23,8 @@ import torch
 
 from .._triton_env import triton_interpreted
 from . import reference
+from .reference import GatherPlan
+from .validation import check_tables, default_scale
 
 Backend = Literal["auto", "triton", "torch"]
 BACKENDS = ("auto", "triton", "torch")
@@ -61,11 +63,29 @@ def paged_decode(
     scale: float | None = None,
     *,
     backend: Backend = "auto",
+    plan: GatherPlan | None = None,
 ) -> torch.Tensor:
-    """Decode attention: ``query[num_seqs, num_heads, head_dim]``, one token per sequence."""
+    """Decode attention: ``query[num_seqs, num_heads, head_dim]``, one token per sequence.
+
+    ``plan`` (the torch backend only, from :func:`plan_decode`): the batch's tables, checked and
+    turned into gather indices once per step, for every layer to reuse; masked positions are then
+    not zeroed, so the cache must hold finite numbers only (the engine's does: it starts zeroed).
+    """
     if resolve_backend(backend, query.device) == "torch":
+        if plan is not None:
+            scale = default_scale(query.shape[-1], scale)
+            return reference.decode_with_plan(
+                query, key_cache, value_cache, plan, scale, zero_padding=False, fused=True
+            )
         return reference.paged_decode(query, key_cache, value_cache, block_tables, seq_lens, scale)
     return _triton()[0].paged_decode(query, key_cache, value_cache, block_tables, seq_lens, scale)
+
+
+def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, key_cache: torch.Tensor) -> GatherPlan:
+    """Check a decode batch's ``block_tables`` and ``seq_lens`` once and build the torch backend's
+    gather plan, which every layer of the step then reuses (vLLM's per-step attention metadata)."""
+    block_tables, seq_lens, _ = check_tables(block_tables, seq_lens, key_cache, key_cache.device)
+    return GatherPlan.build(block_tables, seq_lens, key_cache.shape[1])
 
 
 def paged_prefill(
@@ -105,4 +125,13 @@ def store_kv(
         _triton()[2].store_kv(key, value, key_cache, value_cache, slot_mapping)
 
 
-__all__ = ["BACKENDS", "paged_decode", "paged_prefill", "resolve_backend", "store_kv", "triton_interpreted"]
+__all__ = [
+    "BACKENDS",
+    "GatherPlan",
+    "paged_decode",
+    "paged_prefill",
+    "plan_decode",
+    "resolve_backend",
+    "store_kv",
+    "triton_interpreted",
+]

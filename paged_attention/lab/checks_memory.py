@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import torch
 
+from ..engine.kv_cache import KVCacheSpec
 from ..memory.allocator import BlockAllocator, FreeBlockQueue, KVCacheBlock
-from ..memory.kv_cache import KVCacheSpec
 from ..memory.page_table import PageTable
 from ..memory.prefix_cache import extend_block_hashes
 from .checking import CheckFailed, expect

@@ -135,21 +135,22 @@ class KVCacheManager(Protocol):
         """Bring ``seq_id``'s pages back; the ``(cpu block, device block)`` copies to do."""
         ...
 
-    def begin_step(self) -> None:
+    def begin(self) -> None:
         """An engine step begins: from here on, record enough to undo everything until
-        :meth:`commit_step` or :meth:`rollback_step` (a step is a transaction)."""
+        :meth:`commit` or :meth:`rollback` (a step is a transaction), at a cost in what the step
+        changes or in the sequences held, never in the blocks held."""
         ...
 
-    def commit_step(self) -> None:
+    def commit(self) -> None:
         """The step succeeded: keep its changes."""
         ...
 
-    def rollback_step(self) -> None:
-        """The step failed: put every table, allocator and cache entry back as at :meth:`begin_step`."""
+    def rollback(self) -> None:
+        """The step failed: put every table, allocator and cache entry back as at :meth:`begin`."""
         ...
 
     def reused_blocks(self) -> tuple[list[int], list[int]]:
-        """``(device blocks, cpu blocks)`` handed out since :meth:`begin_step` whose contents were
+        """``(device blocks, cpu blocks)`` handed out since :meth:`begin` whose contents were
         someone's when it began (freed by a preemption, an evicted prefix-cache block): the engine
         saves their K/V before the step writes, to restore them on a rollback."""
         ...

@@ -15,15 +15,13 @@ Forking (parallel sampling, beam search) copies the *table*, not the memory: the
 the parent's blocks and each block's reference count goes up. The one block that may still be
 written, a partly filled last block, must be copied before either owner writes into it
 (*copy-on-write*): :meth:`PageTable.append_tokens` does so and returns the copy that the KV cache
-must perform (:meth:`paged_attention.memory.kv_cache.KVCache.copy_blocks`).
+must perform (:meth:`paged_attention.engine.kv_cache.KVCache.copy_blocks`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import torch
 
 from .._checks import cdiv, check_int, check_positive_int
 from .allocator import BlockAllocator, NoFreeBlocksError
@@ -159,6 +157,21 @@ class PageTable:
         child.num_tokens = self.num_tokens
         return child
 
+    def snapshot(self) -> tuple[list[int], int, int | None, int]:
+        """What :meth:`restore` needs to undo a step, in O(1): the list of block ids (appended to,
+        its last entry replaced by copy-on-write, or swapped for a new empty list by :meth:`free`:
+        never changed otherwise), its length, its last entry and the token count."""
+        ids = self.block_ids
+        return ids, len(ids), ids[-1] if ids else None, self.num_tokens
+
+    def restore(self, state: tuple[list[int], int, int | None, int]) -> None:
+        """Put the table back as :meth:`snapshot` saw it (the allocator is restored on its own)."""
+        ids, length, last, self.num_tokens = state
+        del ids[length:]
+        if last is not None:
+            ids[-1] = last
+        self.block_ids = ids
+
     def free(self) -> None:
         """Give every block back (drop this table's references) and become empty."""
         for block_id in reversed(self.block_ids):  # tail first: the prefix is the likelier cache hit
@@ -170,7 +183,6 @@ class PageTable:
         return f"PageTable(num_tokens={self.num_tokens}, block_ids={self.block_ids})"
 
 
-# -- batching many tables into the tensors the kernels read --------------------------------------
 def written_slots(page_tables: Sequence[PageTable]) -> dict[int, int]:
     """Block id -> slots written in it, over tables that may share blocks. A shared block's count is
     the most any owner wrote: owners agree, since copy-on-write runs before a shared block is written."""
@@ -179,56 +191,3 @@ def written_slots(page_tables: Sequence[PageTable]) -> dict[int, int]:
         for block_id, count in table.filled_slots():
             written[block_id] = max(written.get(block_id, 0), count)
     return written
-
-
-def build_block_tables(
-    page_tables: Sequence[PageTable], *, max_blocks: int | None = None, pad_value: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pad the tables into ``block_tables`` int32 ``[num_seqs, max_blocks]`` and ``seq_lens`` int32.
-
-    Row ``i`` holds sequence ``i``'s physical block ids; entries past ``cdiv(seq_len, block_size)``
-    are padding (``pad_value``, 0 as in vLLM) that the kernels never read.
-    """
-    widest = max((t.num_blocks for t in page_tables), default=0)
-    if max_blocks is None:
-        max_blocks = max(widest, 1)
-    elif max_blocks < widest:
-        raise ValueError(f"max_blocks must be >= the longest table's {widest} blocks, got {max_blocks}")
-    block_tables = torch.full((len(page_tables), max_blocks), pad_value, dtype=torch.int32)
-    for row, table in enumerate(page_tables):
-        block_tables[row, : table.num_blocks] = torch.tensor(table.block_ids, dtype=torch.int32)
-    seq_lens = torch.tensor([t.num_tokens for t in page_tables], dtype=torch.int32)
-    return block_tables, seq_lens
-
-
-@dataclass(frozen=True)
-class CSRPageLayout:
-    """FlashInfer's ragged view of many page tables, with no padding at all.
-
-    ``indices[indptr[i]:indptr[i+1]]`` are sequence ``i``'s pages in order, and
-    ``last_page_len[i]`` says how many slots of its last page hold tokens (1..page_size, or 0 for
-    an empty sequence). It is the CSR (compressed sparse row) encoding of the padded table.
-    """
-
-    indptr: torch.Tensor
-    indices: torch.Tensor
-    last_page_len: torch.Tensor
-
-
-def build_csr_layout(page_tables: Sequence[PageTable]) -> CSRPageLayout:
-    """The tables as FlashInfer's ``(paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len)``."""
-    counts = [t.num_blocks for t in page_tables]
-    indptr = torch.zeros(len(page_tables) + 1, dtype=torch.int32)
-    if counts:
-        indptr[1:] = torch.cumsum(torch.tensor(counts, dtype=torch.int32), 0)
-    indices = torch.tensor([b for t in page_tables for b in t.block_ids], dtype=torch.int32)
-    last = [t.num_tokens - (t.num_blocks - 1) * t.block_size if t.num_blocks else 0 for t in page_tables]
-    return CSRPageLayout(indptr, indices, torch.tensor(last, dtype=torch.int32))
-
-
-def build_slot_mapping(results: Sequence[AppendResult | Sequence[int]]) -> torch.Tensor:
-    """Concatenate per-sequence slot lists into the int64 ``slot_mapping`` of one step."""
-    slots: list[int] = []
-    for r in results:
-        slots.extend(r.slot_mapping if isinstance(r, AppendResult) else r)
-    return torch.tensor(slots, dtype=torch.int64)

@@ -78,7 +78,7 @@ class PagedKVCacheManager:
         self._tables: dict[int, PageTable] = {}
         self._num_hashed_blocks: dict[int, int] = {}  # leading blocks of each table already in the cache
         self._swapped: dict[int, tuple[list[int], int]] = {}  # seq_id -> (cpu blocks, num_tokens)
-        self._saved: tuple[Any, ...] | None = None  # the state at begin_step, while a step is open
+        self._saved: tuple[Any, ...] | None = None  # the state at begin, while a step is open
 
     # -- views ----------------------------------------------------------------------------------
     @property
@@ -212,34 +212,34 @@ class PagedKVCacheManager:
         return self.allocator.reset() if isinstance(self.allocator, PrefixCachingBlockAllocator) else 0
 
     # -- a step is a transaction ----------------------------------------------------------------
-    def begin_step(self) -> None:
-        """Remember the bookkeeping as it is now (the tables' block lists, O(blocks held), and the
-        allocators' undo logs), so that :meth:`rollback_step` can restore it exactly."""
-        tables = {sid: (t, list(t.block_ids), t.num_tokens) for sid, t in self._tables.items()}
+    def begin(self) -> None:
+        """Remember the bookkeeping as it is now, O(1) per sequence held (each page table's
+        :meth:`~.page_table.PageTable.snapshot`; the allocators keep undo logs, O(changes))."""
+        tables = {sid: (t, t.snapshot()) for sid, t in self._tables.items()}
         stats = dataclasses.replace(self.prefix_cache_stats)
         self._saved = (tables, dict(self._num_hashed_blocks), dict(self._swapped), stats)
         self.allocator.begin()
         if self.cpu_allocator is not None:
             self.cpu_allocator.begin()
 
-    def commit_step(self) -> None:
+    def commit(self) -> None:
         self._saved = None
         self.allocator.commit()
         if self.cpu_allocator is not None:
             self.cpu_allocator.commit()
 
-    def rollback_step(self) -> None:
-        """Put every page table, allocator and prefix-cache entry back as at :meth:`begin_step`."""
+    def rollback(self) -> None:
+        """Put every page table, allocator and prefix-cache entry back as at :meth:`begin`."""
         if self._saved is None:
-            raise RuntimeError("rollback_step without begin_step")
+            raise RuntimeError("rollback without begin")
         tables, self._num_hashed_blocks, self._swapped, self.prefix_cache_stats = self._saved
         self._saved = None
         self.allocator.rollback()
         if self.cpu_allocator is not None:
             self.cpu_allocator.rollback()
         self._tables.clear()
-        for seq_id, (table, block_ids, num_tokens) in tables.items():
-            table.block_ids, table.num_tokens = block_ids, num_tokens
+        for seq_id, (table, state) in tables.items():
+            table.restore(state)
             self._tables[seq_id] = table
 
     def reused_blocks(self) -> tuple[list[int], list[int]]:

@@ -45,6 +45,7 @@ def main(args: list[str] | None = None) -> None:
         opts.seed,
         progress=True,
         model_name=opts.model,
+        dtype=opts.dtype,
     )
     s = payload["setup"]
     print(f"{s['num_requests']} requests (mean {s['mean_prompt']:.0f} in / {s['mean_output']:.0f} out), "

@@ -1,0 +1,73 @@
+"""Incremental detokenization: a sequence's text grows by decoding only its newest tokens.
+
+Decoding a sequence's whole output at every step costs O(n) per step, O(n^2) over a stream. vLLM's
+detokenizer (v0's ``detokenize_incrementally``, v1's ``SlowIncrementalDetokenizer``) keeps two
+offsets into the output tokens instead:
+
+* ``read_offset``: the tokens before it are already in ``output_text``;
+* ``prefix_offset``: where a short window starts, a few tokens before ``read_offset``, so that a
+  token is decoded with its left neighbours (a byte-level BPE token may be half of a character).
+
+Each update decodes ``tokens[prefix_offset:read_offset]`` (text already emitted) and
+``tokens[prefix_offset:]``; what the second adds is new text. If it ends in ``"\\ufffd"`` (a
+character whose last bytes have not arrived) nothing is emitted and the offsets stay, so the next
+token completes it. The window is the last token or two plus any still-undecodable ones: the cost
+of a step does not grow with the output (``tests/test_streaming.py`` counts the decoded tokens).
+
+The text is brought up to date only when someone reads it: the stop strings at every step, a
+streamed output, and :meth:`Detokenizer.flush` when a sequence finishes. A ``FINAL_ONLY`` request
+without stop strings (what ``LLM.generate`` asks for) decodes its output once, at the end.
+The state lives on the :class:`~.sequence.Sequence` (``output_text``, ``prefix_offset``,
+``read_offset``), so a step's rollback restores it with the rest.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .sequence import Sequence
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+class Detokenizer:
+    """Turns sequences' tokens into text, a few tokens at a time (see the module docstring)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        """A whole decode (for a beam's finished tokens, or anyone who wants the plain answer)."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def update(self, seq: Sequence) -> int:
+        """Bring ``seq.output_text`` up to its tokens, holding back a trailing half character;
+        returns the text's length before (where the new text starts)."""
+        before = len(seq.output_text)
+        if seq.read_offset < len(seq.output_token_ids):
+            self._advance(seq, final=False)
+        return before
+
+    def flush(self, seq: Sequence) -> None:
+        """The sequence ended: decode what is left, a trailing half character included (as a whole
+        decode shows it)."""
+        if seq.read_offset < len(seq.output_token_ids):
+            self._advance(seq, final=True)
+
+    def _advance(self, seq: Sequence, final: bool) -> None:
+        ids, skip = seq.output_token_ids, seq.params.skip_special_tokens
+        prefix = self.decode(ids[seq.prefix_offset : seq.read_offset], skip)
+        text = self.decode(ids[seq.prefix_offset :], skip)
+        if final or (len(text) > len(prefix) and not text.endswith("\ufffd")):
+            seq.output_text += text[len(prefix) :]
+            seq.prefix_offset, seq.read_offset = seq.read_offset, len(ids)
+
+    @staticmethod
+    def stable_text(seq: Sequence) -> str:
+        """What of an unfinished sequence's text may be streamed: all of it but the last
+        ``len(stop) - 1`` characters, which a stop string still to be completed by the next tokens
+        could cut (vLLM's stop buffer)."""
+        text = seq.output_text
+        hold = max((len(s) for s in seq.params.stop_strings), default=1) - 1
+        return text[: max(0, len(text) - hold)]  # (not a negative index: shorter text shows nothing)

