@@ -20,16 +20,6 @@ from .._checks import DTYPE_NAMES
 from .embedded import DEFAULT_MODEL_NAME, default_model_path, quiet_progress
 from .pretrained import CheckpointError, find_pretrained, pretrained_path
 
-__all__ = [
-    "DEFAULT_MODEL_NAME",
-    "eos_token_ids",
-    "load_model",
-    "load_tokenizer",
-    "resolve_dtype",
-    "resolve_model",
-    "serving_length",
-]
-
 
 def resolve_dtype(
     dtype: str | torch.dtype | None, device: torch.device, config: object | None = None
