@@ -199,3 +199,14 @@ def test_a_streamed_step_decodes_a_few_tokens_however_long_the_output(model_and_
     early, late = decoded[5:25], decoded[-21:-1]  # (the last step flushes the held-back text too)
     assert max(decoded[1:-1]) <= 12 and sum(late) <= 2 * sum(early) + 20, (early, late)
     assert text == tokenizer.decode(tokens, skip_special_tokens=True)  # nothing lost on the way
+
+
+def test_the_hold_back_shows_nothing_of_a_text_shorter_than_it(model_and_tokenizer):
+    """Held back: the last ``len(stop) - 1`` characters. A text shorter than that shows nothing (a
+    negative slice would have shown its beginning, then streamed it again)."""
+    seq = Sequence(0, "0", [1], SamplingParams(stop=["a stop string"]), 0.0)
+    for text in ("short", "ten chars!", "twelve chars"):  # 5, 10, 12 characters; the hold is 12
+        seq.output_text = text
+        assert Detokenizer.stable_text(seq) == ""
+    seq.output_text = "a longer text than the stop string"
+    assert Detokenizer.stable_text(seq) == seq.output_text[: -len("a stop string") + 1]
