@@ -177,10 +177,11 @@ def faulted_engine_run(engine: LLMEngine, requests: list, site: str, call: int) 
 
 
 #: Points a step passes once (one forward, one sampler call, one copy-on-write batch, one swap
-#: batch), and points it passes many times (every layer's store, every block, fork, token).
+#: batch), and points it passes many times (every layer's store, every block, fork, token, finish,
+#: request output).
 ONCE, OFTEN = (
     ("forward", "forward_after", "sampler", "copy", "swap"),
-    ("store", "allocate", "fork", "detokenize", "stop"),
+    ("store", "allocate", "fork", "detokenize", "stop", "finish", "output"),
 )
 
 
@@ -226,3 +227,94 @@ def test_a_sequence_names_every_field_it_has_as_mutable_or_fixed() -> None:
     fields = {f.name for f in dataclasses.fields(Sequence)} - {"_saved"}
     split = [*Sequence.MUTABLE, *Sequence.APPEND_ONLY, *Sequence.FIXED]
     assert sorted(split) == sorted(fields) and len(split) == len(set(split))
+
+
+def interrupt_once(monkeypatch, obj: object, method: str, after: bool = False) -> list[int]:
+    """``obj.method`` raises KeyboardInterrupt on its first call (before it runs, or ``after``);
+    returns a list that counts the interrupts."""
+    fired, original = [], getattr(obj, method)
+
+    def interrupted(*args, **kwargs):
+        if not fired and not after:
+            fired.append(1)
+            raise KeyboardInterrupt
+        result = original(*args, **kwargs)
+        if not fired:
+            fired.append(1)
+            raise KeyboardInterrupt
+        return result
+
+    monkeypatch.setattr(obj, method, interrupted)
+    return fired
+
+
+def streams(engine: LLMEngine, interrupted: bool = False, seen: dict | None = None) -> dict[str, list]:
+    """Serve the workload (added first, unless ``seen`` holds what was streamed so far); every
+    streamed output by request, carrying on after a KeyboardInterrupt if ``interrupted``."""
+    if seen is None:
+        seen = {}
+        for i, (prompt, params) in enumerate(workload()):
+            engine.add_request(str(i), prompt, params)
+    for _ in range(300):
+        if not engine.has_unfinished_requests():
+            break
+        try:
+            step = engine.step()
+        except KeyboardInterrupt:
+            assert interrupted
+            continue
+        for out in step:
+            seen.setdefault(out.request_id, []).append([(c.text, list(c.token_ids)) for c in out.outputs])
+    assert not engine.has_unfinished_requests()
+    assert engine.cache_manager.num_free_blocks == engine.cache_manager.num_blocks
+    return seen
+
+
+def test_an_interrupt_while_committing_loses_no_output(monkeypatch) -> None:
+    """Ctrl-C after a step's results stand, while its parts drop their undo records: nothing is undone,
+    and the step's outputs come with the next step, so every stream is whole."""
+    want = streams(make_engine("recompute+prefix"))
+    engine = make_engine("recompute+prefix")
+    fired = interrupt_once(monkeypatch, engine.scheduler, "commit", after=True)
+    assert streams(engine, interrupted=True) == want and fired
+
+
+@pytest.mark.parametrize("part", ["scheduler", "cache_manager"])
+def test_an_interrupt_while_beginning_changes_nothing(monkeypatch, part) -> None:
+    """Ctrl-C while the step's parts record their undo (some have, some have not): the state is as
+    before, and the run carries on to the same streams as a run never interrupted."""
+    want = streams(make_engine("swap+prefix"))
+    engine = make_engine("swap+prefix")
+    for i, (prompt, params) in enumerate(workload()):
+        engine.add_request(str(i), prompt, params)
+    seen: dict[str, list] = {}
+    for out in engine.step():
+        seen.setdefault(out.request_id, []).append([(c.text, list(c.token_ids)) for c in out.outputs])
+    before, _ = state_of(engine)
+    interrupt_once(monkeypatch, getattr(engine, part), "begin")
+    with pytest.raises(KeyboardInterrupt):
+        engine.step()
+    monkeypatch.undo()  # (the patched method is no part of the state)
+    after, _ = state_of(engine)
+    assert after == before, first_difference(before, after)
+    assert streams(engine, seen=seen) == want
+
+
+def test_a_rollback_that_fails_in_one_part_still_restores_the_others(monkeypatch) -> None:
+    """A second error while rolling back (a device error writing K/V back, another Ctrl-C) stops
+    only that part: the bookkeeping is restored, and the first error of the rollback goes on."""
+    engine = make_engine("recompute+prefix")
+    for i, (prompt, params) in enumerate(workload()):
+        engine.add_request(str(i), prompt, params)
+    engine.step()
+    before, _ = state_of(engine)
+    interrupt_once(monkeypatch, engine.kv_cache, "rollback", after=True)  # K/V restored, then Ctrl-C
+    undo = instrument(engine, Injector([1], {"stop"}, RuntimeError))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            engine.step()
+    finally:
+        undo()
+    monkeypatch.undo()  # (the patched method is no part of the state)
+    after, _ = state_of(engine)
+    assert after == before, first_difference(before, after)

@@ -210,3 +210,25 @@ def test_the_hold_back_shows_nothing_of_a_text_shorter_than_it(model_and_tokeniz
         assert Detokenizer.stable_text(seq) == ""
     seq.output_text = "a longer text than the stop string"
     assert Detokenizer.stable_text(seq) == seq.output_text[: -len("a stop string") + 1]
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_run_of_tokens_that_decode_to_nothing_keeps_the_window_short(model_and_tokenizer, skip):
+    """200 EOS tokens (``ignore_eos`` benchmarks sample them), then text: each update still decodes a
+    few tokens, and the text is a whole decode's."""
+    _, tokenizer = model_and_tokenizer
+    eos = tokenizer.eos_token_id
+    ids = [*tokenizer.encode("The page", add_special_tokens=False), *[eos] * 200,
+           *tokenizer.encode(" table holds", add_special_tokens=False)]  # fmt: skip
+    seq = Sequence(0, "0", [1], SamplingParams(skip_special_tokens=skip), 0.0)
+    detokenizer, decoded = Detokenizer(tokenizer), []
+    decode = detokenizer.decode
+    detokenizer.decode = lambda token_ids, skip=True: (
+        decoded.append(len(token_ids)) or decode(token_ids, skip)
+    )
+    for token in ids:
+        seq.output_token_ids.append(token)
+        detokenizer.update(seq)
+    detokenizer.flush(seq)
+    assert max(decoded) <= 12, max(decoded)
+    assert seq.output_text == tokenizer.decode(ids, skip_special_tokens=skip)

@@ -2,8 +2,9 @@
 
 Exceptions (KeyboardInterrupt, RuntimeError, MemoryError) are raised at points hypothesis picks:
 in the model forward (before it, or after it has written its K/V), in the K/V store of one layer,
-the sampler, a block allocation, a copy-on-write or swap copy, a fork, a detokenization and a stop
-check (the last three inside the scheduler's end of the step, ``update_from_output``). After
+the sampler, a block allocation, a copy-on-write or swap copy, a fork, a detokenization, a stop
+check and a finish (the last four inside the scheduler's end of the step, ``update_from_output``),
+and a request's output. After
 every fault the engine must hold exactly the memory its page tables say, and the run, carried on,
 must finish with the outputs of the same run without faults: every request, token for token.
 """
@@ -21,11 +22,12 @@ from hypothesis import strategies as st
 from paged_attention import LLM, BeamSearchParams, SamplingParams
 from paged_attention.engine import model_runner
 from paged_attention.engine.llm_engine import LLMEngine
-from paged_attention.engine.sampling import Sampler
+from paged_attention.engine.parallel_sampling import SamplingRequest
+from paged_attention.engine.sampling import RequestOutputKind, Sampler
 from paged_attention.memory.paged_manager import PagedKVCacheManager
 
 SITES = ("forward", "forward_after", "store", "sampler", "allocate", "copy", "swap", "fork", "detokenize",
-         "stop")  # fmt: skip
+         "stop", "finish", "output")  # fmt: skip
 ERRORS = (KeyboardInterrupt, RuntimeError, MemoryError)
 
 # (name, engine settings): tiny caches, so that requests preempt each other.
@@ -36,6 +38,7 @@ CONFIGS = {
 }
 SHARED = [3, 14, 15, 9, 26, 5, 35, 8]  # a common prefix: prefix-cache hits
 MISSING = object()
+DELTA = RequestOutputKind.DELTA
 SEEN: dict[str, Counter] = {config: Counter() for config in CONFIGS}  # what the unfaulted runs did
 
 
@@ -45,7 +48,7 @@ def workload() -> list[tuple[list[int], SamplingParams | BeamSearchParams]]:
     return [
         ([*SHARED, 40, 41], SamplingParams(max_tokens=8, n=3, seed=7, temperature=0.9)),
         ([7, 8, 9], SamplingParams(max_tokens=9, temperature=0.0)),
-        ([*SHARED, 50], SamplingParams(max_tokens=7, n=2, temperature=1.0, top_k=20)),
+        ([*SHARED, 50], SamplingParams(max_tokens=7, n=2, temperature=1.0, top_k=20, output_kind=DELTA)),
         ([11, 12, 13, 14, 15], BeamSearchParams(beam_width=2, max_tokens=5)),
         ([*SHARED, 60, 61, 62], SamplingParams(max_tokens=8, seed=3, stop_token_ids=[17, 101])),
         ([21, 22], SamplingParams(max_tokens=6, temperature=0.7, seed=11, min_tokens=2, stop=["e"])),
@@ -144,6 +147,8 @@ def instrument(engine: LLMEngine, injector: Injector) -> Callable[[], None]:
         (manager, "fork", injector.wrap("fork", manager.fork)),
         (engine.detokenizer, "update", injector.wrap("detokenize", engine.detokenizer.update)),
         (engine.stop_rules, "check", injector.wrap("stop", engine.stop_rules.check)),
+        (engine.scheduler, "finish", injector.wrap("finish", engine.scheduler.finish)),
+        (SamplingRequest, "output", injector.wrap("output", SamplingRequest.output)),
     ]
     if engine.cpu_cache is not None:
         cpu = engine.cpu_cache
@@ -167,7 +172,7 @@ def instrument(engine: LLMEngine, injector: Injector) -> Callable[[], None]:
 
 def serve(config: str, injector: Injector | None = None) -> tuple[dict, int]:
     """Serve the workload to the end, carrying on after every injected fault; checks memory after
-    each fault and at the end. Returns the outputs by request and the number of faults."""
+    each fault and at the end. Returns every streamed output by request, and the number of faults."""
     engine = make_engine(config)
     for i, (prompt, params) in enumerate(workload()):
         engine.add_request(str(i), prompt, params)
@@ -195,9 +200,9 @@ def serve(config: str, injector: Injector | None = None) -> tuple[dict, int]:
                 faults += 1
                 check_memory(engine)
                 continue
-            for out in step:
-                if out.finished:
-                    outputs[out.request_id] = [(c.token_ids, c.finish_reason) for c in out.outputs]
+            for out in step:  # the whole stream, every step's output (one request's are DELTAs)
+                stream = outputs.setdefault(out.request_id, [])
+                stream.append([(c.index, c.text, list(c.token_ids), c.finish_reason) for c in out.outputs])
     finally:
         undo()
     assert not engine.has_unfinished_requests()

@@ -11,8 +11,10 @@ offsets into the output tokens instead:
 Each update decodes ``tokens[prefix_offset:read_offset]`` (text already emitted) and
 ``tokens[prefix_offset:]``; what the second adds is new text. If it ends in ``"\\ufffd"`` (a
 character whose last bytes have not arrived) nothing is emitted and the offsets stay, so the next
-token completes it. The window is the last token or two plus any still-undecodable ones: the cost
-of a step does not grow with the output (``tests/test_streaming.py`` counts the decoded tokens).
+token completes it. Tokens that decode to nothing (skipped special tokens) are read at once, the
+window keeping a few tokens of left context. The window is the last token or two plus any
+still-undecodable ones: the cost of a step does not grow with the output (``tests/test_streaming.py``
+counts the decoded tokens, a run of EOS included).
 
 The text is brought up to date only when someone reads it: the stop strings at every step, a
 streamed output, and :meth:`Detokenizer.flush` when a sequence finishes. A ``FINAL_ONLY`` request
@@ -29,6 +31,10 @@ from .sequence import Sequence
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+
+#: Tokens of left context a window keeps when tokens that decode to nothing move it on.
+CONTEXT = 4
 
 
 class Detokenizer:
@@ -62,6 +68,11 @@ class Detokenizer:
         if final or (len(text) > len(prefix) and not text.endswith("\ufffd")):
             seq.output_text += text[len(prefix) :]
             seq.prefix_offset, seq.read_offset = seq.read_offset, len(ids)
+        elif text == prefix:  # the new tokens decode to nothing (skipped special tokens, a run of EOS
+            # with ignore_eos): nothing is pending, so they are read; the window keeps at most
+            # CONTEXT tokens before the next one, or it would grow with every such token.
+            seq.read_offset = len(ids)
+            seq.prefix_offset = max(seq.prefix_offset, seq.read_offset - CONTEXT)
 
     @staticmethod
     def stable_text(seq: Sequence) -> str:

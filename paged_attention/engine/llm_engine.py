@@ -138,6 +138,7 @@ class LLMEngine:
         self._request_ids = itertools.count()
         self.last_step: StepStats | None = None
         self._saved: tuple | None = None  # the open step's undo
+        self._undelivered: list[RequestOutput] = []  # outputs of a step interrupted while committing
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(
@@ -253,11 +254,16 @@ class LLMEngine:
         )  # fmt: skip
         try:
             transaction.begin()
-            outputs = self._step(transaction)
+            outputs = self._undelivered + self._step(transaction)
+            self._undelivered = []
         except BaseException:
             transaction.rollback()
             raise
-        transaction.commit()  # outside the try: once the results stand, nothing is undone
+        try:
+            transaction.commit()  # outside the first try: once the results stand, nothing is undone
+        except BaseException:  # interrupted while committing: the step stands, its outputs come next
+            self._undelivered = outputs
+            raise
         return outputs
 
     def _step(self, transaction: StepTransaction) -> list[RequestOutput]:
@@ -339,7 +345,7 @@ class LLMEngine:
 
     # -- a step is a transaction (:mod:`.transaction`): the request map, and every request -------
     def begin(self) -> None:
-        self._saved = (dict(self._requests), self.last_step)
+        self._saved = (dict(self._requests), self.last_step, self._undelivered)
         for request in self._requests.values():
             request.begin()
 
@@ -352,7 +358,7 @@ class LLMEngine:
     def rollback(self) -> None:
         if self._saved is None:
             return
-        self._requests, self.last_step = self._saved
+        self._requests, self.last_step, self._undelivered = self._saved
         self._saved = None
         for request in self._requests.values():
             request.rollback()

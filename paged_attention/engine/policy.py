@@ -57,7 +57,9 @@ class SchedulingPolicy:
 
     # -- a step is a transaction (:mod:`.transaction`) -------------------------------------------
     def begin(self) -> None:
-        state = {k: v.copy() if isinstance(v, _CONTAINERS) else v for k, v in vars(self).items()}
+        state = {
+            k: v.copy() if isinstance(v, _CONTAINERS) else v for k, v in vars(self).items() if k != "_saved"
+        }
         self._saved: dict[str, Any] = state  # held only while a step is open
 
     def commit(self) -> None:

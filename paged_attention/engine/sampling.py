@@ -201,19 +201,26 @@ class Sampler:
 
     def __init__(self, seed: int = 0) -> None:
         self.shared_generator = torch.Generator().manual_seed(seed)
-        self._saved: torch.Tensor | None = None
+        self._saved: dict[int, tuple[torch.Generator, torch.Tensor]] | None = None
 
-    # -- a step is a transaction (:mod:`.transaction`): the shared generator's state ------------
+    # -- a step is a transaction (:mod:`.transaction`): the generators it draws from -------------
     def begin(self) -> None:
-        self._saved = self.shared_generator.get_state()
+        """Generators are saved when first drawn from in the step (its own and the sequences'),
+        O(draws), not O(seeded sequences held)."""
+        self._saved = {}
 
     def commit(self) -> None:
         self._saved = None
 
     def rollback(self) -> None:
-        if self._saved is not None:
-            self.shared_generator.set_state(self._saved)
+        for generator, state in (self._saved or {}).values():
+            generator.set_state(state)
         self._saved = None
+
+    def _draw_from(self, generator: torch.Generator) -> torch.Generator:
+        if self._saved is not None and id(generator) not in self._saved:
+            self._saved[id(generator)] = (generator, generator.get_state())
+        return generator
 
     def __call__(
         self,
@@ -233,7 +240,7 @@ class Sampler:
         if sampled_rows:
             probs = self._probabilities(logits[sampled_rows], [params[i] for i in sampled_rows])
             for j, row in enumerate(sampled_rows):
-                generator = generators[row] or self.shared_generator
+                generator = self._draw_from(generators[row] or self.shared_generator)
                 # Inverse-CDF sampling with one uniform draw per token: a request's stream of draws
                 # depends on nothing but its own generator.
                 u = torch.rand((), generator=generator)

@@ -198,8 +198,8 @@ class Scheduler:
         self, seq: Sequence, reason: FinishReason, now: float, stop_reason: int | str | None = None
     ) -> None:
         """The one way a sequence ends (a stop, a length, an abort, a beam dropped): it records why
-        and when, leaves every queue, its text is completed, and its blocks go back (or stay with
-        their other owners)."""
+        and when, leaves every queue, and its blocks go back (or stay with their other owners); its
+        text is completed unless it was aborted (an aborted sequence reports nothing more)."""
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason, seq.stop_reason, seq.finish_time = reason, stop_reason, now
         for queue in (self.waiting, self.swapped):
@@ -383,9 +383,8 @@ class Scheduler:
         self.scheduling_policy.commit()
 
     def rollback(self) -> None:
-        saved = getattr(self, "_saved", None)
-        if saved is not None:
-            self.waiting, self.running, self.swapped, counters = saved
+        if self._saved is not None:
+            self.waiting, self.running, self.swapped, counters = self._saved
             self.num_preemptions, self.num_self_preemptions, self.num_swap_fallbacks = counters
         self._saved = None
         self.scheduling_policy.rollback()

@@ -70,13 +70,13 @@ class Sequence:
     pending_forks: int = 0  # children it will fork into after prefill (n - 1, or beam_width - 1)
     _saved: tuple | None = field(default=None, init=False, repr=False)  # the open step's undo
 
-    #: What a step may change, and how a rollback puts it back: plain values are restored, the
-    #: append-only lists truncated back to their length, the generator given back its state. Every
-    #: other field is fixed for the sequence's life (``tests/test_transactions.py`` checks the split).
+    #: What a step may change, and how a rollback puts it back: values are restored, the
+    #: append-only lists cut back to their length. Every other field is fixed for the sequence's
+    #: life; its generator's state is the sampler's to restore (it saves what it draws from).
+    #: ``tests/test_rollback_state.py`` checks that the three lists name every field.
     MUTABLE = ("status", "finish_reason", "stop_reason", "num_computed_tokens", "num_preemptions",
-               "finish_time", "output_text", "prefix_offset", "read_offset", "pending_forks",
-               "block_hashes")  # fmt: skip
-    APPEND_ONLY = ("output_token_ids",)
+               "finish_time", "output_text", "prefix_offset", "read_offset", "pending_forks")  # fmt: skip
+    APPEND_ONLY = ("output_token_ids", "block_hashes")
     FIXED = ("seq_id", "request_id", "prompt_token_ids", "params", "arrival_time", "sample_index",
              "generator", "cache_salt", "group_id")  # fmt: skip
 
@@ -132,12 +132,8 @@ class Sequence:
 
     # -- a step is a transaction (:mod:`.transaction`): O(1), whatever the sequence holds ---------
     def begin(self) -> None:
-        generator = self.generator.get_state() if self.generator is not None else None
-        hashes = self.block_hashes
-        values = (self.status, self.finish_reason, self.stop_reason, self.num_computed_tokens,
-                  self.num_preemptions, self.finish_time, self.output_text, self.prefix_offset,
-                  self.read_offset, self.pending_forks, hashes)  # fmt: skip
-        self._saved = (values, len(self.output_token_ids), len(hashes), generator)
+        lists = tuple((lst := getattr(self, name), len(lst)) for name in self.APPEND_ONLY)
+        self._saved = (tuple(getattr(self, name) for name in self.MUTABLE), lists)
 
     def commit(self) -> None:
         self._saved = None
@@ -145,14 +141,12 @@ class Sequence:
     def rollback(self) -> None:
         if self._saved is None:
             return  # made during the step: its request forgets it
-        values, num_outputs, num_hashes, generator = self._saved
-        (self.status, self.finish_reason, self.stop_reason, self.num_computed_tokens,
-         self.num_preemptions, self.finish_time, self.output_text, self.prefix_offset,
-         self.read_offset, self.pending_forks, self.block_hashes) = values  # fmt: skip
-        del self.output_token_ids[num_outputs:]
-        del self.block_hashes[num_hashes:]
-        if generator is not None:
-            self.generator.set_state(generator)  # type: ignore[union-attr]
+        values, lists = self._saved
+        for name, value in zip(self.MUTABLE, values, strict=True):
+            setattr(self, name, value)
+        for name, (lst, length) in zip(self.APPEND_ONLY, lists, strict=True):
+            del lst[length:]
+            setattr(self, name, lst)  # (a fork gives a child a new list: the old one comes back)
         self._saved = None
 
     def __repr__(self) -> str:

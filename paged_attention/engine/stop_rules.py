@@ -67,7 +67,7 @@ class StopRules:
                 at = text.find(stop, max(0, text_from - len(stop) + 1))
                 if at >= 0:
                     return Stop(FinishReason.STOP, stop, cut=at)
-        if n_out >= (params.max_tokens or 0) or (
+        if (params.max_tokens is not None and n_out >= params.max_tokens) or (
             self.max_model_len is not None and seq.num_tokens >= self.max_model_len
         ):
             return Stop(FinishReason.LENGTH)

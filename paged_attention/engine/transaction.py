@@ -17,7 +17,8 @@ is cheaper:
 * **A snapshot of what can change, O(1) per object**: a sequence keeps its counters and the
   *lengths* of its append-only lists (``output_token_ids``, ``block_hashes``), which a rollback
   truncates back instead of copying; the scheduler copies its queues (references to the live
-  sequences, which every step visits anyway); a seeded generator keeps its state.
+  sequences: O(sequences held), the one part that is); the sampler keeps the state of each
+  generator when it first draws from it in the step.
 * **An undo log, O(changes)**: the block allocator and the prefix cache write the inverse of every
   change into a journal and replay it backwards (a million free blocks cost nothing if the step
   touched ten). The KV tensors save only the blocks the step takes from someone else
@@ -29,7 +30,7 @@ which suits the allocator's five operations and not a sequence's dozen fields th
 and the requests set directly; a snapshot is trivially complete for a small object but would be
 O(blocks) for the allocator.
 
-The invariant, tested on every part reachable from a live engine (``tests/test_transactions.py``
+The invariant, tested on every part reachable from a live engine (``tests/test_rollback_state.py``
 walks them all and deep-compares): after a rollback the engine is exactly as it was before the
 step, so the next step redoes the same work and draws the same tokens. The exception goes on to
 the caller unchanged.
@@ -88,9 +89,22 @@ class StepTransaction:
                 cache.protect(block_ids)
 
     def commit(self) -> None:
-        for part in self._parts[: self._begun]:
-            part.commit()
+        """Every part drops its record, even if one raises (the first error then goes on)."""
+        _each(self._parts[: self._begun], "commit")
 
     def rollback(self) -> None:
-        for part in reversed(self._parts[: self._begun]):
-            part.rollback()
+        """Every part that began restores itself, newest first, even if one of them raises (a second
+        Ctrl-C, a device error writing K/V back): the bookkeeping is put back whatever the tensors
+        do, and the first error then goes on."""
+        _each(reversed(self._parts[: self._begun]), "rollback")
+
+
+def _each(parts: Iterable[Transactional], method: str) -> None:
+    error: BaseException | None = None
+    for part in parts:
+        try:
+            getattr(part, method)()
+        except BaseException as err:  # each part must run, whatever the others do
+            error = error or err
+    if error is not None:
+        raise error
