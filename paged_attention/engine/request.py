@@ -51,11 +51,12 @@ class SequencePool:
                         sample_index, generator, cache_salt=cache_salt)  # fmt: skip
 
     def copy(self, parent: Sequence, sample_index: int) -> Sequence:
-        """A new sequence with ``parent``'s tokens and computed count, holding no memory yet."""
+        """A new sequence with ``parent``'s tokens and text, holding no memory yet (the step's end
+        gives it the parent's computed count when it forks the parent's pages)."""
         return Sequence(
             self._new_id(), parent.request_id, parent.prompt_token_ids, parent.params,
             parent.arrival_time, sample_index, sample_generator(parent.params, sample_index),
-            output_token_ids=list(parent.output_token_ids), num_computed_tokens=parent.num_computed_tokens,
+            output_token_ids=list(parent.output_token_ids),
             cache_salt=parent.cache_salt, group_id=parent.group_id, output_text=parent.output_text,
             prefix_offset=parent.prefix_offset, read_offset=parent.read_offset,
         )  # fmt: skip

@@ -39,13 +39,12 @@ the caller unchanged.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from ..memory.manager import KVCacheManager
 from .kv_cache import KVCache
 
 
-@runtime_checkable
 class Transactional(Protocol):
     """A part of the engine's state that can undo one step.
 
