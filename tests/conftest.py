@@ -2,6 +2,7 @@
 and figures drawn during tests (the notebooks under nbval) kept out of the checkout's ``figures/``:
 those are written by ``make figures`` alone, so a test run never replaces a measured figure."""
 
+import functools
 import os
 import tempfile
 from pathlib import Path
@@ -34,6 +35,7 @@ def _record_engines() -> None:
 
     init = LLMEngine.__init__
 
+    @functools.wraps(init)  # its signature stays the engine's (tests read it)
     def recording_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
         _built_engines.append(weakref.ref(self))

@@ -60,7 +60,7 @@ def test_each_filter_draws_from_its_renormalised_distribution(params: SamplingPa
     want = expected(LOGITS, params)
     generator = torch.Generator().manual_seed(1234)
     logits = torch.tensor([LOGITS] * DRAWS)
-    tokens = Sampler()(logits, [params] * DRAWS, [generator] * DRAWS)
+    tokens = Sampler()(logits, [params] * DRAWS, [generator] * DRAWS).tokens
     counts = [tokens.count(i) for i in range(len(LOGITS))]
     removed = [i for i, q in enumerate(want) if q == 0]
     assert all(counts[i] == 0 for i in removed), f"removed tokens {removed} were drawn: {counts}"

@@ -252,7 +252,8 @@ class BeamSearchRequest(Request):
         self.metrics.finished_time = time.monotonic()
         self.metrics.num_output_tokens = max((len(o.token_ids) for o in outputs), default=0)
         metrics = dataclasses.replace(self.metrics)
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs, True, metrics)
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs, True, metrics,
+                             None, self.num_cached_tokens)  # fmt: skip
 
     def _ready(self, beam: Sequence, computed: dict[int, int]) -> bool:
         """Its candidates are known and still hold: it has not been preempted to recompute since,

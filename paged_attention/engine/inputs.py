@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Required, TypedDict
 
 from .sampling import SamplingParams
 
@@ -19,6 +19,21 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 Prompt = str | list[int] | dict[str, Any]
+
+
+class TextPrompt(TypedDict, total=False):
+    """vLLM's ``TextPrompt``: ``{"prompt": text}`` (a plain dict works the same)."""
+
+    prompt: Required[str]
+    cache_salt: str
+
+
+class TokensPrompt(TypedDict, total=False):
+    """vLLM's ``TokensPrompt``: ``{"prompt_token_ids": ids}``, optionally with the text they came from."""
+
+    prompt_token_ids: Required[list[int]]
+    prompt: str
+    cache_salt: str
 
 
 def as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
@@ -79,8 +94,10 @@ def check_prompt(
         raise ValueError("the prompt is empty: a request needs at least one prompt token")
     if min(token_ids) < 0 or max(token_ids) >= vocab_size:
         raise ValueError(f"prompt token ids must be in [0, {vocab_size}), got one out of range")
-    if any(t >= vocab_size for t in params.stop_token_ids or []):
-        raise ValueError(f"stop_token_ids must be in [0, {vocab_size}), got {params.stop_token_ids}")
+    for name in ("stop_token_ids", "allowed_token_ids", "logit_bias"):
+        ids = getattr(params, name) or ()
+        if any(t >= vocab_size for t in ids):
+            raise ValueError(f"{name} must be in [0, {vocab_size}) (token ids), got {sorted(ids)}")
     room = max_model_len - len(token_ids)
     if room < 1:
         raise ValueError(
@@ -94,3 +111,17 @@ def check_prompt(
             f"max_model_len={max_model_len}"
         )
     return params
+
+
+def check_logprobs(params: SamplingParams, max_logprobs: int) -> None:
+    """``logprobs`` and ``prompt_logprobs`` may ask for at most the engine's ``max_logprobs`` top
+    tokens (vLLM's rule; ``max_logprobs=-1`` allows the whole vocabulary, as does asking for -1 then)."""
+    for name in ("logprobs", "prompt_logprobs"):
+        k = getattr(params, name)
+        if k is None or max_logprobs == -1:
+            continue
+        if k == -1 or k > max_logprobs:
+            raise ValueError(
+                f"{name}={k} asks for more than max_logprobs={max_logprobs} tokens per position: "
+                "ask for fewer, or build the engine with a larger max_logprobs (-1: no limit)"
+            )

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -17,8 +19,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .._checks import check_positive_int
 from .beam_search import BeamSearchOutput, BeamSearchSequence, penalized_score
+from .engine_args import EngineArgs
 from .inputs import Prompt, as_prompt_list
 from .llm_engine import LLMEngine
+from .metrics import Metric
 from .outputs import RequestOutput
 from .sampling import BeamSearchParams, RequestOutputKind, SamplingParams
 
@@ -27,22 +31,62 @@ class LLM:
     """vLLM's offline API: ``LLM(model=...).generate(prompts, sampling_params)``.
 
     With no ``model`` it serves the embedded tiny Llama (see :mod:`paged_attention.models.embedded`).
+    The keywords are :class:`~.engine_args.EngineArgs`' (``LLM(**vars(engine_args))`` works too):
     ``gpu_memory_utilization`` sizes the KV cache on CUDA; on a CPU the cache is sized by
-    ``num_kv_blocks`` or ``kv_cache_memory`` (bytes), else 512 MiB. Other keyword arguments go to
-    :class:`LLMEngine`; vLLM's ``trust_remote_code``, ``enforce_eager``, ``disable_log_stats``,
-    ``swap_space`` and ``tensor_parallel_size=1`` are accepted and do nothing here.
+    ``num_kv_blocks`` or ``kv_cache_memory`` (bytes), else 512 MiB. vLLM keywords that change
+    nothing here (``trust_remote_code``, ``enforce_eager``, ...) are accepted; ones it cannot
+    honour (``tensor_parallel_size=2``, ``quantization``, ...) are refused by name
+    (:data:`~.engine_args.IGNORED`, :data:`~.engine_args.REFUSED`). ``cache_manager_factory`` and
+    ``scheduling_policy`` objects go to the engine as they are.
     """
 
-    # vLLM arguments that mean nothing here, accepted so that vLLM programs run unchanged.
-    _VLLM_NO_OPS = ("trust_remote_code", "enforce_eager", "disable_log_stats", "swap_space")
-
     def __init__(self, model: str | os.PathLike | PreTrainedModel | None = None, **kwargs: Any) -> None:
-        for name in self._VLLM_NO_OPS:
-            kwargs.pop(name, None)
-        tensor_parallel_size = kwargs.pop("tensor_parallel_size", 1)
-        if tensor_parallel_size != 1:
-            raise ValueError(f"tensor_parallel_size must be 1 (one device), got {tensor_parallel_size!r}")
-        self.llm_engine = LLMEngine(model, **kwargs)
+        objects = {k: kwargs.pop(k) for k in ("cache_manager_factory", "scheduling_policy") if k in kwargs}
+        args = EngineArgs.from_keywords("LLM", {"model": model, **kwargs})
+        self.llm_engine = LLMEngine.from_engine_args(args, **objects)
+        self._profiler: Any = None
+        self._profile_dir: Path | None = None
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The sampling parameters a request gets when it brings none: vLLM's defaults, changed
+        by the model's generation config (``generation_config="auto"``; :mod:`.generation_config`)."""
+        return SamplingParams(**self.llm_engine.sampling_defaults)
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's metrics (:mod:`.metrics`): ``Counter``, ``Gauge``, ``Histogram`` records."""
+        return self.llm_engine.get_metrics()
+
+    def start_profile(self, profile_dir: str | os.PathLike | None = None) -> None:
+        """Start torch's profiler (CPU, and CUDA when serving on a GPU). The trace is written by
+        :meth:`stop_profile` into ``profile_dir``, else ``$VLLM_TORCH_PROFILER_DIR`` (vLLM's
+        variable); with neither, ``RuntimeError`` says which to set."""
+        folder = profile_dir or os.environ.get("VLLM_TORCH_PROFILER_DIR")
+        if not folder:
+            raise RuntimeError(
+                "profiling is not enabled: set VLLM_TORCH_PROFILER_DIR to a folder for the trace "
+                "(as in vLLM), or pass start_profile(profile_dir=...)"
+            )
+        if self._profiler is not None:
+            raise RuntimeError("a profile is already running: call stop_profile() first")
+        import torch.profiler as tp
+
+        activities = [tp.ProfilerActivity.CPU]
+        if self.llm_engine.runner.device.type == "cuda":
+            activities.append(tp.ProfilerActivity.CUDA)
+        self._profile_dir = Path(folder)
+        self._profile_dir.mkdir(parents=True, exist_ok=True)
+        self._profiler = tp.profile(activities=activities, record_shapes=True)
+        self._profiler.__enter__()
+
+    def stop_profile(self) -> Path:
+        """Stop the profiler; returns the Chrome trace it wrote (open it in Perfetto or chrome://tracing)."""
+        if self._profiler is None or self._profile_dir is None:
+            raise RuntimeError("no profile is running: call start_profile() first")
+        profiler, self._profiler = self._profiler, None
+        profiler.__exit__(None, None, None)
+        path = self._profile_dir / f"trace-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        profiler.export_chrome_trace(str(path))
+        return path
 
     def get_tokenizer(self) -> PreTrainedTokenizerBase:
         return self.llm_engine.tokenizer
@@ -98,7 +142,7 @@ class LLM:
         if isinstance(sampling_params, BeamSearchParams):
             raise TypeError("sampling_params must be SamplingParams; for a beam search call LLM.beam_search")
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params or SamplingParams()] * len(prompts)
+            params_list = [sampling_params or self.get_default_sampling_params()] * len(prompts)
         else:
             if isinstance(sampling_params, (str, bytes)) or not isinstance(sampling_params, Sequence):
                 raise TypeError(
@@ -152,8 +196,12 @@ class LLM:
                 results.append(BeamSearchOutput(sequences))
         return results
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget the prefix cache's free blocks (vLLM's ``LLM.reset_prefix_cache``)."""
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget the prefix cache's free blocks (vLLM's ``LLM.reset_prefix_cache``); returns
+        whether it did. Between ``generate`` calls nothing runs, so ``reset_running_requests``
+        (vLLM's: preempt running requests first) changes nothing here but is checked."""
+        if not isinstance(reset_running_requests, bool):
+            raise TypeError(f"reset_running_requests must be True or False, got {reset_running_requests!r}")
         self.llm_engine.reset_prefix_cache()
         return True
 
@@ -174,7 +222,7 @@ class LLM:
                     ids.append(engine.add_request(None, prompt, params))
                 except (ValueError, TypeError) as err:
                     raise type(err)(f"prompt {i}: {err}") from err
-        except Exception:
+        except BaseException:  # a bad prompt, or Ctrl-C while adding: leave none of ours queued
             for request_id in ids:
                 engine.abort_request(request_id)
             raise

@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -40,14 +40,27 @@ from ..models import eos_token_ids, resolve_model, serving_length
 from .beam_search import BeamSearchRequest, check_beams_fit
 from .capacity import fit_max_model_len, size_kv_cache
 from .detokenizer import Detokenizer
-from .inputs import Prompt, check_arrival_time, check_prompt, tokenize
+from .engine_args import EngineArgs
+from .generation_config import check_generation_config, sampling_defaults
+from .inputs import Prompt, check_arrival_time, check_logprobs, check_prompt, tokenize
 from .kv_cache import KVCache, KVCacheSpec
+from .logits import History, bad_words_token_ids, needs_history
+from .logprobs import LOGPROBS_MODES
+from .logprobs import entries as logprob_entries
+from .metrics import EngineMetrics, Metric
 from .model_runner import ModelRunner
 from .outputs import RequestOutput, StepStats
 from .parallel_sampling import SamplingRequest
 from .request import Request, SequencePool
 from .sampling import BeamSearchParams, Sampler, SamplingParams
-from .scheduler import Scheduler, SchedulerOutput, SchedulingPolicy, StepUpdate
+from .scheduler import (
+    DrawnLogprob,
+    ScheduledSequence,
+    Scheduler,
+    SchedulerOutput,
+    SchedulingPolicy,
+    StepUpdate,
+)
 from .sequence import Sequence
 from .stop_rules import StopRules
 from .transaction import StepTransaction
@@ -87,7 +100,10 @@ class LLMEngine:
         num_cpu_blocks: int | None = None,
         watermark: float = 0.01,
         enable_prefix_caching: bool = True,
-        seed: int = 0,
+        seed: int | None = 0,
+        max_logprobs: int = 20,
+        logprobs_mode: str = "raw_logprobs",
+        generation_config: str = "auto",
         cache_manager_factory: CacheManagerFactory | None = None,
         scheduling_policy: SchedulingPolicy | None = None,
     ) -> None:
@@ -132,13 +148,27 @@ class LLMEngine:
         self.scheduler = Scheduler(manager, max_num_seqs, budget, preemption_mode, scheduling_policy,
                                    self.stop_rules, self.detokenizer)  # fmt: skip
         self.runner = ModelRunner(self.model, self.kv_cache, attention_backend)
-        self.sampler = Sampler(check_int("seed", seed))
+        self.sampler = Sampler(None if seed is None else check_int("seed", seed))
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
+        self.logprobs_mode = logprobs_mode
+        self.max_logprobs = check_int("max_logprobs", max_logprobs, minimum=-1)
+        #: SamplingParams keywords from the model's generation config (:mod:`.generation_config`).
+        self.sampling_defaults = sampling_defaults(self.model, check_generation_config(generation_config))
         self.pool = SequencePool()
+        self.metrics = EngineMetrics()
         self._requests: dict[str, Request] = {}
         self._request_ids = itertools.count()
         self.last_step: StepStats | None = None
         self._saved: tuple | None = None  # the open step's undo
         self._undelivered: list[RequestOutput] = []  # outputs of a step interrupted while committing
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, **objects: object) -> LLMEngine:
+        """vLLM's way to build an engine; ``objects``: ``cache_manager_factory``, ``scheduling_policy``."""
+        if not isinstance(engine_args, EngineArgs):
+            raise TypeError(f"engine_args must be an EngineArgs, got {type(engine_args).__name__}")
+        return cls(**engine_args.engine_kwargs(), **objects)  # type: ignore[arg-type]
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(
@@ -174,6 +204,9 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, token_ids, cache_salt = tokenize(prompt, self.tokenizer)
         params = check_prompt(token_ids, params, self.model.config.vocab_size, self.max_model_len)
+        check_logprobs(params, self.max_logprobs)
+        if params.bad_words:
+            params.bad_words_token_ids = bad_words_token_ids(params.bad_words, self.tokenizer)
         width = beam.beam_width if beam else params.n
         if beam is not None and not self.cache_manager.supports_fork:
             raise ValueError("beam search forks page tables: it needs a cache manager that can fork")
@@ -209,13 +242,30 @@ class LLMEngine:
             pass
         return candidate
 
-    def abort_request(self, request_id: str) -> None:
-        """Stop a request now: its sequences finish with reason ``abort``, free their blocks, and the
-        request is forgotten (no output is returned for it; its id may be used again)."""
-        request = self._requests.pop(request_id, None)
-        if request is None:
-            raise ValueError(f"no request with id {request_id!r}")
-        request.abort(time.monotonic(), self.scheduler)
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        """Stop a request (or each of several) now: its sequences finish with reason ``abort``,
+        free their blocks, and the request is forgotten (nothing more is reported for it, not even
+        an output of an interrupted step; its id may be used again). An unknown id raises
+        ``ValueError``, before any request is aborted."""
+        ids = [request_id] if isinstance(request_id, (str, int)) else list(request_id)
+        ids = [str(i) for i in ids]  # an int id was stored as its string (add_request's rule)
+        missing = [i for i in ids if i not in self._requests]
+        if missing:
+            raise ValueError(f"no unfinished request with id {', '.join(map(repr, missing))}")
+        now = time.monotonic()
+        for i in ids:
+            self._requests.pop(i).abort(now, self.scheduler)
+            self.metrics.record_abort()
+        self._undelivered = [o for o in self._undelivered if o.request_id not in ids]
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's metrics of this engine so far (:mod:`.metrics`): counters, gauges, histograms."""
+        stats = getattr(self.cache_manager, "prefix_cache_stats", None)
+        return self.metrics.read(
+            len(self.scheduler.running), len(self.scheduler.waiting) + len(self.scheduler.swapped),
+            self.cache_manager.usage, self.scheduler.num_preemptions,
+            stats.queries if stats else 0, stats.hits if stats else 0,
+        )  # fmt: skip
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -249,7 +299,7 @@ class LLMEngine:
         step: the next ``step()`` produces the tokens an uninterrupted run would.
         """
         transaction = StepTransaction(
-            [self, self.scheduler, self.pool, self.sampler, self.runner],
+            [self, self.scheduler, self.pool, self.sampler, self.runner, self.metrics],
             self.cache_manager, (self.kv_cache, self.cpu_cache),
         )  # fmt: skip
         try:
@@ -272,12 +322,15 @@ class LLMEngine:
         transaction.protect()  # before the step writes any K/V
         scheduled_at = time.perf_counter()
         logits = self._execute(out)
-        drawn = self._sample(out, logits)
-        now = time.monotonic()
         update, computed = StepUpdate(), {s.seq.seq_id: s.num_new_tokens for s in out.scheduled}
+        drawn = self._sample(out, logits, update)
+        now = time.monotonic()
         for request_id, request in self._requests.items():  # every request: a beam search may be
             request.decide(drawn.get(request_id, []), update, computed, now)  # ready without a row
         self.scheduler.update_from_output(out, update, now)
+        prompt_tokens = sum(max(0, min(s.start + s.num_new_tokens, len(s.seq.prompt_token_ids)) - s.start)
+                            for s in out.scheduled)  # fmt: skip
+        self.metrics.record_step(prompt_tokens, sum(len(tokens) for _, tokens in update.tokens))
         outputs = self._outputs(drawn)
         if out.is_empty and self.scheduler.has_unfinished() and not (out.preempted or out.swap_in):
             raise RuntimeError(
@@ -310,27 +363,54 @@ class LLMEngine:
         return self.runner.execute(out.scheduled, tables)
 
     def _sample(
-        self, out: SchedulerOutput, logits: torch.Tensor | None
+        self, out: SchedulerOutput, logits: torch.Tensor | None, update: StepUpdate
     ) -> dict[str, list[tuple[Sequence, int]]]:
-        """Each request's drawers and their tokens, one batched sampler call for the whole step."""
+        """Each request's drawers and their tokens, one batched sampler call for the whole step;
+        the tokens' log-probabilities (and any prompt log-probabilities) go into ``update``."""
         drawn: dict[str, list[tuple[Sequence, int]]] = {}
         rows: list[int] = []
         drawers: list[Sequence] = []
-        for row, seq in enumerate(s.seq for s in out.scheduled if s.needs_logits):
-            assert logits is not None
-            drawn.setdefault(seq.request_id, [])
-            for drawer in self._requests[seq.request_id].drawers(seq, logits[row], self.pool):
-                rows.append(row)
-                drawers.append(drawer)
+        row = 0
+        for s in out.scheduled:
+            if s.prompt_positions:
+                assert logits is not None
+                n = len(s.prompt_positions)
+                update.prompt_logprobs.append((s.seq, self._prompt_logprobs(s, logits[row : row + n])))
+                row += n
+            if s.needs_logits:
+                assert logits is not None
+                seq = s.seq
+                drawn.setdefault(seq.request_id, [])
+                for drawer in self._requests[seq.request_id].drawers(seq, logits[row], self.pool):
+                    rows.append(row)
+                    drawers.append(drawer)
+                row += 1
         if drawers:
             assert logits is not None
-            tokens = self.sampler(
-                logits[rows], [s.params for s in drawers], [s.generator for s in drawers],
-                [self.stop_rules.banned(s) for s in drawers],
+            params = [s.params for s in drawers]
+            histories = [History(s.prompt_token_ids, s.output_token_ids) if needs_history(s.params) else None
+                         for s in drawers]  # fmt: skip
+            sampled = self.sampler(
+                logits[rows], params, [s.generator for s in drawers],
+                [self.stop_rules.banned(s) for s in drawers], histories, self.logprobs_mode,
             )  # fmt: skip
-            for seq, token in zip(drawers, tokens, strict=True):
+            for i, (seq, token) in enumerate(zip(drawers, sampled.tokens, strict=True)):
                 drawn[seq.request_id].append((seq, token))
+                entry = None
+                if i in sampled.distributions:
+                    decode = self.detokenizer.token_text if seq.params.detokenize else None
+                    entry = logprob_entries(sampled.distributions[i].unsqueeze(0), torch.tensor([token]),
+                                            seq.params.logprobs or 0, decode)[0]  # fmt: skip
+                update.logprobs[seq.seq_id] = [DrawnLogprob(sampled.logprobs[i], entry)]
         return drawn
+
+    def _prompt_logprobs(self, s: ScheduledSequence, logits: torch.Tensor) -> list[dict]:
+        """The entries of the prompt tokens that ``s``'s prompt rows predict (from the raw logits)."""
+        params, prompt = s.seq.params, s.seq.prompt_token_ids
+        targets = torch.tensor([prompt[p + 1] for p in s.prompt_positions])
+        decode = self.detokenizer.token_text if params.detokenize else None
+        distribution = logits.to("cpu", torch.float32).log_softmax(dim=-1)
+        return logprob_entries(distribution, targets, params.prompt_logprobs or 0, decode)
 
     def _outputs(self, drawn: dict[str, list[tuple[Sequence, int]]]) -> list[RequestOutput]:
         """Report the requests that drew tokens or finished; forget the finished."""
@@ -341,6 +421,8 @@ class LLMEngine:
                 outputs.append(output)
             if request.finished:
                 del self._requests[request_id]
+                if output is not None:
+                    self.metrics.record_finished(output)
         return outputs
 
     # -- a step is a transaction (:mod:`.transaction`): the request map, and every request -------

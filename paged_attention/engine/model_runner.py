@@ -154,7 +154,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSequence], block_tables: list[list[int]]) -> torch.Tensor:
-        """Run one step; returns logits ``[num_sampling_seqs, vocab]`` for the sequences that sample."""
+        """Run one step; returns the logits of every scheduled sequence's ``logit_positions``, in
+        order: ``[rows, vocab]``, one row per sampling sequence plus any prompt log-probability rows."""
         start = time.perf_counter()
         token_ids: list[int] = []
         positions: list[int] = []
@@ -168,9 +169,8 @@ class ModelRunner:
             positions += range(first, first + s.num_new_tokens)
             slots += s.slot_mapping
             seq_lens.append(first + s.num_new_tokens)
+            last_rows += [starts[-1] + p - first for p in s.logit_positions]
             starts.append(starts[-1] + s.num_new_tokens)
-            if s.needs_logits:
-                last_rows.append(starts[-1] - 1)
         device = self.device
         ctx = ForwardContext(
             kv_cache=self.kv_cache,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .logprobs import PromptLogprobs, SampleLogprobs
+
 
 @dataclass
 class CompletionOutput:
@@ -22,8 +24,8 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None
     stop_reason: int | str | None = None
-    cumulative_logprob: float | None = None
-    logprobs: None = None  # vLLM's field; this package does not compute log-probabilities
+    cumulative_logprob: float | None = None  # the sum of its tokens' log-probabilities
+    logprobs: SampleLogprobs | None = None  # one dict per token if ``SamplingParams.logprobs`` was set
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -59,6 +61,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics
+    prompt_logprobs: PromptLogprobs | None = None  # if ``SamplingParams.prompt_logprobs`` was set
+    num_cached_tokens: int | None = None  # prompt tokens whose K/V came from the prefix cache
 
     @property
     def time_per_output_token(self) -> float | None:

@@ -23,6 +23,7 @@ import time
 import torch
 
 from .detokenizer import Detokenizer
+from .logprobs import PromptLogprobs
 from .outputs import CompletionOutput, RequestOutput
 from .request import Request, SequencePool
 from .sampling import RequestOutputKind, SamplingParams
@@ -50,6 +51,7 @@ class SamplingRequest(Request):
         self._forks: list[tuple[Sequence, Sequence]] = []  # (parent, child) made by this step's drawers
         self._reported: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens, characters) already streamed
         self._saved_reported: dict[int, tuple[int, int]] | None = None
+        self._prompt_reported = self._saved_prompt_reported = False  # DELTA: prompt logprobs once
 
     @property
     def finished(self) -> bool:
@@ -86,14 +88,17 @@ class SamplingRequest(Request):
                 self.detokenizer.update(seq)  # only the tokens since the last output
                 text = self.detokenizer.stable_text(seq)
             tokens = seq.output_token_ids
+            logprobs = seq.logprobs if self.params.logprobs is not None else None
             if kind is RequestOutputKind.DELTA:
                 sent_tokens, sent_chars = self._reported.get(seq.seq_id, (0, 0))
                 self._reported[seq.seq_id] = (len(tokens), len(text))
                 text, tokens = text[sent_chars:], tokens[sent_tokens:]
+                logprobs = None if logprobs is None else logprobs[sent_tokens:]
             else:
-                tokens = list(tokens)
+                tokens, logprobs = list(tokens), None if logprobs is None else list(logprobs)
             reason = seq.finish_reason.value if seq.finish_reason else None
-            outputs.append(CompletionOutput(seq.sample_index, text, tokens, reason, seq.stop_reason))
+            outputs.append(CompletionOutput(seq.sample_index, text, tokens, reason, seq.stop_reason,
+                                            seq.cumulative_logprob, logprobs))  # fmt: skip
         metrics = self.metrics
         if finished:
             metrics.finished_time = max((s.finish_time or 0.0) for s in self.seqs) or time.monotonic()
@@ -106,12 +111,27 @@ class SamplingRequest(Request):
             outputs,
             finished,
             dataclasses.replace(metrics),  # each output keeps the metrics of its own step
+            self._prompt_logprobs(kind),
+            self.num_cached_tokens,
         )
+
+    def _prompt_logprobs(self, kind: RequestOutputKind) -> PromptLogprobs | None:
+        """``[None, entry for prompt token 1, ...]`` once the prompt is computed; a DELTA stream
+        reports them once, with its first output."""
+        first = self.first_seq
+        if self.params.prompt_logprobs is None or first.prompt_logit_positions:
+            return None
+        if kind is DELTA:
+            if self._prompt_reported:
+                return None
+            self._prompt_reported = True
+        return [None, *first.prompt_logprobs]
 
     # -- a step is a transaction -----------------------------------------------------------------
     def begin(self) -> None:
         super().begin()
         self._saved_reported = dict(self._reported) if self.params.output_kind is DELTA else None
+        self._saved_prompt_reported = self._prompt_reported
 
     def rollback(self) -> None:
         super().rollback()
@@ -119,6 +139,7 @@ class SamplingRequest(Request):
         if self._saved_reported is not None:
             self._reported = self._saved_reported
         self._saved_reported = None
+        self._prompt_reported = self._saved_prompt_reported
 
     def commit(self) -> None:
         super().commit()

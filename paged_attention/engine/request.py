@@ -59,6 +59,8 @@ class SequencePool:
             output_token_ids=list(parent.output_token_ids),
             cache_salt=parent.cache_salt, group_id=parent.group_id, output_text=parent.output_text,
             prefix_offset=parent.prefix_offset, read_offset=parent.read_offset,
+            cumulative_logprob=parent.cumulative_logprob, logprobs=list(parent.logprobs),
+            num_cached_tokens=parent.num_cached_tokens,
         )  # fmt: skip
 
     def _new_id(self) -> int:
@@ -93,6 +95,7 @@ class Request:
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.seqs = seqs  # samples in index order; for a beam search, the live beams, best first
+        self.first_seq = seqs[0]  # the one admitted first: what the prompt's reports come from
         self.metrics = RequestMetrics(arrival_time)
         self.detokenizer = detokenizer
         self._saved: tuple | None = None
@@ -122,6 +125,11 @@ class Request:
         for seq in self.seqs:
             if not seq.is_finished:
                 scheduler.finish(seq, FinishReason.ABORTED, now)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens whose K/V came from the prefix cache when the request was first admitted."""
+        return max(0, self.first_seq.num_cached_tokens)
 
     def _mark_first_token(self, now: float) -> None:
         if self.metrics.first_token_time is None:

@@ -63,11 +63,13 @@ from .._checks import check_positive_int
 from ..memory.manager import KVCacheManager
 from ..memory.page_table import BlockCopy
 from .detokenizer import Detokenizer
+from .logprobs import Logprob
 from .policy import SchedulingPolicy
 from .sequence import FinishReason, Sequence, SequenceStatus
 from .stop_rules import StopRules
 
-__all__ = ["ScheduledSequence", "Scheduler", "SchedulerOutput", "SchedulingPolicy", "StepUpdate"]
+__all__ = ["DrawnLogprob", "ScheduledSequence", "Scheduler", "SchedulerOutput", "SchedulingPolicy",
+           "StepUpdate"]  # fmt: skip
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -77,7 +79,8 @@ class ScheduledSequence:
     """One sequence's share of a step: tokens ``start .. start + num_new_tokens - 1``.
 
     ``needs_logits`` says whether this step reaches the sequence's last token, so that its logits pick
-    the next one (false for all but the last chunk of a chunked prefill).
+    the next one (false for all but the last chunk of a chunked prefill). ``prompt_positions``: the
+    positions of this chunk whose logits give prompt log-probabilities (``prompt_logprobs``).
     """
 
     seq: Sequence
@@ -85,11 +88,21 @@ class ScheduledSequence:
     slot_mapping: list[int]
     start: int
     needs_logits: bool
+    prompt_positions: range = range(0)
 
     @classmethod
     def of(cls, seq: Sequence, num_new_tokens: int, slot_mapping: list[int]) -> ScheduledSequence:
-        start = seq.num_computed_tokens
-        return cls(seq, num_new_tokens, slot_mapping, start, start + num_new_tokens == seq.num_tokens)
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens
+        wanted = seq.prompt_logit_positions
+        prompt = range(max(wanted.start, start), min(wanted.stop, end))
+        return cls(seq, num_new_tokens, slot_mapping, start, end == seq.num_tokens, prompt)
+
+    @property
+    def logit_positions(self) -> list[int]:
+        """The positions whose logits the model runner returns, in order: the prompt ones, then
+        the last token's if it samples."""
+        last = [self.start + self.num_new_tokens - 1] if self.needs_logits else []
+        return [*self.prompt_positions, *last]
 
 
 @dataclass
@@ -111,6 +124,14 @@ class SchedulerOutput:
         return not self.scheduled
 
 
+@dataclass(frozen=True)
+class DrawnLogprob:
+    """A drawn token's log-probability, and its vLLM entry if the request asked for one."""
+
+    logprob: float
+    entry: dict[int, Logprob] | None = None
+
+
 @dataclass
 class StepUpdate:
     """What the requests decided from one step's logits, for :meth:`Scheduler.update_from_output`.
@@ -119,12 +140,18 @@ class StepUpdate:
       no memory yet) that will share the parent's pages;
     * ``tokens``: ``(sequence, new tokens)`` pairs, in order; one token per sequence for ordinary
       sampling (several would be appended one by one, stopping at the first stop);
-    * ``dropped``: sequences that end without a token (beams that did not survive).
+    * ``dropped``: sequences that end without a token (beams that did not survive);
+    * ``logprobs``: for a sequence's tokens, each one's log-probability (added to the sequence's
+      ``cumulative_logprob``) and, if its request asked for ``logprobs``, its entry (kept in
+      ``seq.logprobs``): kept, like the token, only up to a stop;
+    * ``prompt_logprobs``: entries of prompt tokens this step's chunk predicted (``prompt_logprobs``).
     """
 
     forks: list[tuple[Sequence, Sequence]] = field(default_factory=list)
     tokens: list[tuple[Sequence, list[int]]] = field(default_factory=list)
     dropped: list[Sequence] = field(default_factory=list)
+    logprobs: dict[int, list[DrawnLogprob]] = field(default_factory=dict)  # seq_id -> one per token
+    prompt_logprobs: list[tuple[Sequence, list[dict[int, Logprob]]]] = field(default_factory=list)
 
     @classmethod
     def scripted(cls, out: SchedulerOutput, token: int = 0) -> StepUpdate:
@@ -195,11 +222,17 @@ class Scheduler:
         return bool(self.waiting or self.running or self.swapped)
 
     def finish(
-        self, seq: Sequence, reason: FinishReason, now: float, stop_reason: int | str | None = None
+        self,
+        seq: Sequence,
+        reason: FinishReason,
+        now: float,
+        stop_reason: int | str | None = None,
+        hide_token: bool = False,
     ) -> None:
         """The one way a sequence ends (a stop, a length, an abort, a beam dropped): it records why
         and when, leaves every queue, and its blocks go back (or stay with their other owners); its
-        text is completed unless it was aborted (an aborted sequence reports nothing more)."""
+        text is completed unless it was aborted (an aborted sequence reports nothing more), without
+        the last token's text if ``hide_token`` (a stop token's)."""
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason, seq.stop_reason, seq.finish_time = reason, stop_reason, now
         for queue in (self.waiting, self.swapped):
@@ -209,13 +242,15 @@ class Scheduler:
             self.running.remove(seq)
         self.cache_manager.free(seq.seq_id)
         if self.detokenizer is not None and reason is not FinishReason.ABORTED:
-            self.detokenizer.flush(seq)
+            self.detokenizer.flush(seq, hide_token)
 
     # -- the end of a step (see the module docstring) -------------------------------------------
     def update_from_output(self, out: SchedulerOutput, update: StepUpdate, now: float) -> list[Sequence]:
         """Apply one step's results, in the documented order; returns the sequences it finished."""
         for s in out.scheduled:  # (1) the step's K/V are in the cache from here on
             s.seq.num_computed_tokens += s.num_new_tokens
+        for seq, entries in update.prompt_logprobs:
+            seq.prompt_logprobs += entries
         for parent, child in update.forks:  # (2) the parent's prompt is computed: share its pages
             child.num_computed_tokens = parent.num_computed_tokens
             self.cache_manager.fork(parent, child)
@@ -226,15 +261,19 @@ class Scheduler:
             finished.append(seq)
         rules, detokenizer = self.stop_rules, self.detokenizer
         for seq, tokens in update.tokens:  # (4) one token at a time: nothing after a stop is kept
-            for token in tokens:
+            drawn = update.logprobs.get(seq.seq_id)
+            for k, token in enumerate(tokens):
                 seq.output_token_ids.append(token)
-                text_from = detokenizer.update(seq) if seq.params.stop_strings and detokenizer else 0
-                stop = rules.check(seq, text_from)
+                if drawn is not None:
+                    seq.cumulative_logprob += drawn[k].logprob
+                    if drawn[k].entry is not None:
+                        seq.logprobs.append(drawn[k].entry)
+                stop = rules.check(seq, detokenizer)
                 if stop is not None:
                     if stop.cut is not None:
                         seq.output_text = seq.output_text[: stop.cut]
                         seq.read_offset = seq.prefix_offset = len(seq.output_token_ids)  # text is final
-                    self.finish(seq, stop.reason, now, stop.stop_reason)
+                    self.finish(seq, stop.reason, now, stop.stop_reason, stop.hide_token)
                     finished.append(seq)
                     break
         return finished  # (5)
@@ -337,9 +376,9 @@ class Scheduler:
             seq = self.waiting[0]
             if not self.scheduling_policy.may_admit(seq):
                 return False
-            seq.num_computed_tokens = self.cache_manager.lookup_prefix(
-                seq
-            )  # a prefix-cache hit is computed already
+            # A prefix-cache hit is computed already (unless its prompt logits are wanted: vLLM v1's rule).
+            cached = 0 if seq.prompt_logit_positions else self.cache_manager.lookup_prefix(seq)
+            seq.num_computed_tokens = cached
             n = min(seq.num_uncomputed_tokens, budget)
             # Memory is asked for all the tokens it must compute before it samples, not only this
             # step's chunk: admitted for its first chunk alone, it would need blocks for the next
@@ -353,6 +392,8 @@ class Scheduler:
                 seq.num_computed_tokens = 0
                 return False
             self.waiting.popleft()
+            if seq.num_cached_tokens < 0:  # what vLLM reports: the hit of its first admission
+                seq.num_cached_tokens = cached
             self._run(seq)
             out.block_copies += allocation.copies
             out.scheduled.append(ScheduledSequence.of(seq, n, allocation.slot_mapping))

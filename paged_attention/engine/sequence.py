@@ -63,6 +63,11 @@ class Sequence:
     output_text: str = ""  # decoded up to read_offset (:mod:`.detokenizer`)
     prefix_offset: int = 0  # the detokenizer's window into output_token_ids starts here
     read_offset: int = 0  # output tokens already in output_text
+    # -- what is reported beside the tokens (:mod:`.logprobs`) --
+    cumulative_logprob: float = 0.0  # the sum of its output tokens' log-probabilities
+    logprobs: list[dict] = field(default_factory=list)  # one entry per output token, if asked for
+    prompt_logprobs: list[dict] = field(default_factory=list)  # prompt tokens 1.., if asked for
+    num_cached_tokens: int = -1  # prompt tokens found in the prefix cache when first admitted
     # -- sharing (prefix caching, parallel sampling, beam search) --
     cache_salt: str | None = None  # extra key of the first block's hash: only equal salts share a cache
     block_hashes: list[bytes] = field(default_factory=list)  # hash chain of its full blocks (prefix_cache.py)
@@ -75,8 +80,9 @@ class Sequence:
     #: life; its generator's state is the sampler's to restore (it saves what it draws from).
     #: ``tests/test_rollback_state.py`` checks that the three lists name every field.
     MUTABLE = ("status", "finish_reason", "stop_reason", "num_computed_tokens", "num_preemptions",
-               "finish_time", "output_text", "prefix_offset", "read_offset", "pending_forks")  # fmt: skip
-    APPEND_ONLY = ("output_token_ids", "block_hashes")
+               "finish_time", "output_text", "prefix_offset", "read_offset", "pending_forks",
+               "cumulative_logprob", "num_cached_tokens")  # fmt: skip
+    APPEND_ONLY = ("output_token_ids", "block_hashes", "logprobs", "prompt_logprobs")
     FIXED = ("seq_id", "request_id", "prompt_token_ids", "params", "arrival_time", "sample_index",
              "generator", "cache_salt", "group_id")  # fmt: skip
 
@@ -94,6 +100,14 @@ class Sequence:
     def order_key(self) -> tuple[float, int, int]:
         """Running sequences are kept in this order: by arrival, a request's forks right behind it."""
         return (self.arrival_time, self.group_id, self.seq_id)
+
+    @property
+    def prompt_logit_positions(self) -> range:
+        """Positions whose logits still give a prompt log-probability (position ``p`` predicts
+        prompt token ``p + 1``); empty unless the request asked for ``prompt_logprobs``."""
+        if self.params.prompt_logprobs is None or self.sample_index:
+            return range(0)
+        return range(len(self.prompt_logprobs), len(self.prompt_token_ids) - 1)
 
     @property
     def tokens(self) -> list[int]:

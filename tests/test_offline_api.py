@@ -1,0 +1,190 @@
+"""vLLM's offline API beyond ``generate``: EngineArgs and its command line, vLLM keywords accepted
+or refused by name, default sampling parameters from a generation config, metrics, profiling,
+aborting several requests, ``num_cached_tokens``, ``seed=None``, and an interrupted ``generate``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import os
+import random
+import signal
+import threading
+
+import pytest
+
+from paged_attention import (
+    LLM,
+    Counter,
+    EngineArgs,
+    Gauge,
+    Histogram,
+    LLMEngine,
+    SamplingParams,
+    TokensPrompt,
+)
+from paged_attention.engine.engine_args import IGNORED, REFUSED
+from paged_attention.models import DEFAULT_MODEL_NAME
+
+PROMPT = [17, 99, 4, 250, 31]
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM(DEFAULT_MODEL_NAME, num_kv_blocks=64, block_size=4)
+
+
+def test_engine_args_are_the_engines_keywords() -> None:
+    """EngineArgs holds every LLMEngine keyword with the same default (but the two objects that
+    are no settings), so that neither can drift from the other."""
+    engine = {
+        name: p.default
+        for name, p in inspect.signature(LLMEngine.__init__).parameters.items()
+        if name not in ("self", "cache_manager_factory", "scheduling_policy")
+    }
+    args = {f.name: f.default for f in dataclasses.fields(EngineArgs)}
+    assert args == engine
+
+
+def test_engine_args_from_the_command_line_build_the_engine() -> None:
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--model", DEFAULT_MODEL_NAME, "--num-kv-blocks", "40", "--block-size", "8",
+                              "--max-model-len", "96", "--no-enable-prefix-caching", "--seed", "3",
+                              "--enforce-eager"])  # fmt: skip
+    engine_args = EngineArgs.from_cli_args(args)
+    assert (engine_args.num_kv_blocks, engine_args.block_size, engine_args.seed) == (40, 8, 3)
+    engine = LLMEngine.from_engine_args(engine_args)
+    assert engine.cache_manager.num_blocks == 40 and engine.max_model_len == 96
+    assert not engine.cache_manager.enable_prefix_caching
+    engine.add_request("a", PROMPT, SamplingParams(temperature=0, max_tokens=3))
+    while engine.has_unfinished_requests():
+        engine.step()
+    llm = LLM(**dataclasses.asdict(dataclasses.replace(engine_args, model=None)))  # LLM(**engine_args)
+    assert llm.llm_engine.cache_manager.num_blocks == 40
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_vllm_keywords_this_engine_cannot_honour_are_refused_by_name(name: str) -> None:
+    value = {"kv_cache_dtype": "fp8", "enable_lora": True, "task": "embed", "runner": "pooling",
+             "quantization": "awq"}.get(name, 2)  # fmt: skip
+    with pytest.raises(ValueError, match=rf"LLM\({name}="):
+        LLM(**{name: value})
+
+
+def test_harmless_vllm_keywords_are_accepted_and_unknown_ones_name_llm() -> None:
+    LLM(num_kv_blocks=16, **{name: True for name in IGNORED if name != "swap_space"}, swap_space=4)
+    with pytest.raises(
+        TypeError, match=r"^LLM\(\) got an unexpected keyword argument 'max_model_length'.*max_model_len"
+    ):
+        LLM(max_model_length=64)
+    with pytest.raises(ValueError, match="swap_space must be"):
+        LLM(swap_space=-100)
+
+
+def test_seed_none_draws_differently_from_run_to_run() -> None:
+    params = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+    runs = {tuple(LLM(seed=None, num_kv_blocks=16).generate([PROMPT], params, use_tqdm=False)[0].outputs[0].token_ids)
+            for _ in range(3)}  # fmt: skip
+    assert len(runs) > 1
+    fixed = {tuple(LLM(seed=7, num_kv_blocks=16).generate([PROMPT], params, use_tqdm=False)[0].outputs[0].token_ids)
+             for _ in range(2)}  # fmt: skip
+    assert len(fixed) == 1
+
+
+def test_default_sampling_params_come_from_the_generation_config(tmp_path) -> None:
+    assert LLM(num_kv_blocks=16).get_default_sampling_params() == SamplingParams()
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"temperature": 0.6, "top_p": 0.9, "top_k": 20, "max_new_tokens": 5, "do_sample": True})
+    )
+    llm = LLM(num_kv_blocks=16, generation_config=str(tmp_path))
+    params = llm.get_default_sampling_params()
+    assert (params.temperature, params.top_p, params.top_k, params.max_tokens) == (0.6, 0.9, 20, 5)
+    assert len(llm.generate([PROMPT], use_tqdm=False)[0].outputs[0].token_ids) <= 5  # used by generate
+    assert LLM(num_kv_blocks=16, generation_config="vllm").get_default_sampling_params() == SamplingParams()
+    with pytest.raises(ValueError, match="generation_config"):
+        LLM(num_kv_blocks=16, generation_config=str(tmp_path / "nowhere"))
+
+
+def test_metrics_count_what_happened(llm) -> None:
+    before = {(m.name, tuple(m.labels.items())): m for m in llm.get_metrics()}
+    prompts = [PROMPT, [3, 4, 5, 6, 7, 8, 9, 10, 11]]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    after = {(m.name, tuple(m.labels.items())): m for m in llm.get_metrics()}
+
+    def grew(name: str, labels: tuple = ()) -> float:
+        new, old = after[(name, labels)], before[(name, labels)]
+        return new.value - old.value if not isinstance(new, Histogram) else new.count - old.count
+
+    assert grew("vllm:generation_tokens") == sum(len(o.outputs[0].token_ids) for o in outs) == 12
+    assert grew("vllm:prompt_tokens") == sum(len(p) for p in prompts) - sum(o.num_cached_tokens for o in outs)
+    assert grew("vllm:request_success", (("finished_reason", "length"),)) == 2
+    assert grew("vllm:time_to_first_token_seconds") == 2 and grew("vllm:e2e_request_latency_seconds") == 2
+    assert isinstance(after[("vllm:num_requests_running", ())], Gauge)
+    assert isinstance(after[("vllm:prefix_cache_hits", ())], Counter)
+    histogram = after[("vllm:request_generation_tokens", ())]
+    assert list(histogram.buckets.values()) == sorted(histogram.buckets.values())  # cumulative
+    assert histogram.buckets["+Inf"] == histogram.count
+
+
+def test_profiling_writes_a_chrome_trace(llm, tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("VLLM_TORCH_PROFILER_DIR", raising=False)
+    with pytest.raises(RuntimeError, match="VLLM_TORCH_PROFILER_DIR"):
+        llm.start_profile()
+    monkeypatch.setenv("VLLM_TORCH_PROFILER_DIR", str(tmp_path / "profile"))
+    llm.start_profile()
+    llm.generate([PROMPT], SamplingParams(max_tokens=3), use_tqdm=False)
+    trace = llm.stop_profile()
+    assert trace.parent == tmp_path / "profile"
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any("aten::" in str(e.get("name", "")) for e in events)
+    with pytest.raises(RuntimeError, match="no profile"):
+        llm.stop_profile()
+
+
+def test_abort_takes_one_id_or_many_and_int_ids_too(llm) -> None:
+    engine = llm.llm_engine
+    for request_id in (5, "six", "seven"):
+        engine.add_request(request_id, TokensPrompt(prompt_token_ids=PROMPT), SamplingParams(max_tokens=50))
+    engine.step()
+    engine.abort_request(5)  # stored as "5": found again by the same int
+    with pytest.raises(ValueError, match="'nope'"):
+        engine.abort_request(["six", "nope"])
+    assert engine.request_ids == ["six", "seven"]  # all-or-nothing
+    engine.abort_request(["six", "seven"])
+    assert not engine.has_unfinished_requests()
+    manager = engine.cache_manager
+    assert manager.num_free_blocks == manager.num_blocks
+
+
+def test_num_cached_tokens_counts_the_prefix_cache_hit(llm) -> None:
+    prompt = list(range(300, 322))  # 22 tokens: 5 full blocks of 4
+    first = llm.generate([prompt], SamplingParams(max_tokens=2), use_tqdm=False)[0]
+    second = llm.generate([prompt], SamplingParams(max_tokens=2), use_tqdm=False)[0]
+    assert first.num_cached_tokens == 0 and second.num_cached_tokens == 20
+
+
+def test_an_interrupted_generate_leaves_nothing_of_its_own_behind() -> None:
+    """SIGINT at random times, while generate is still adding its prompts or already serving
+    them: afterwards the engine serves nothing of that call and holds no block."""
+    llm = LLM(num_kv_blocks=64, block_size=4)
+    engine = llm.llm_engine
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0, max_tokens=2)
+    prompts = [[rng.randrange(3, 500) for _ in range(4)] for _ in range(3000)]
+    interrupted = 0
+    for delay in [rng.uniform(0.0, 0.6) for _ in range(6)]:
+        timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            llm.generate(prompts, params, use_tqdm=False)
+        except KeyboardInterrupt:
+            interrupted += 1
+        finally:
+            timer.join()
+        assert not engine.has_unfinished_requests() and engine.request_ids == []
+        assert engine.cache_manager.num_free_blocks == engine.cache_manager.num_blocks
+    assert interrupted >= 3
+    out = llm.generate([PROMPT], params, use_tqdm=False)
+    assert len(out) == 1 and len(out[0].outputs[0].token_ids) == 2
