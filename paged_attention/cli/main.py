@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("--top-p", type=float, default=1.0)
     chat.add_argument("--seed", type=int, default=0)
     chat.add_argument("--num-kv-blocks", type=int, default=256)
+    chat.add_argument("--max-model-len", type=int, default=None, help="default: the model's (or what fits)")
     chat.add_argument("--threads", type=int, default=None, help="torch threads (default: see demo --help)")
     walk = sub.add_parser("walkthrough", help="paged KV memory step by step")
     walk.add_argument("--seed", type=int, default=0)
