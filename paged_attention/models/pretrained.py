@@ -39,14 +39,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .embedded import cache_dir, place_folder
+from .embedded import build_folder, cache_dir, place_folder
 
 __all__ = [
     "FETCH_COMMAND",
@@ -276,9 +275,7 @@ def fetch_pretrained(
     import torch
     import transformers
 
-    root = cache_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{spec.folder}-build-", dir=root))
+    work = build_folder(spec.folder)  # a clear CacheDirError if PAGED_ATTENTION_CACHE cannot be used
     try:
         start = time.perf_counter()
         if wheel is None:
