@@ -51,10 +51,10 @@ __all__ = [
     "LLMEngine",
     "Logprob",
     "Metric",
-    "TextPrompt",
-    "TokensPrompt",
-    "Vector",
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
+    "TextPrompt",
+    "TokensPrompt",
+    "Vector",
 ]

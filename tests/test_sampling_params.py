@@ -243,8 +243,8 @@ def test_prompt_logprobs_survive_chunked_prefill_and_preemption(hf_model) -> Non
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert llm.llm_engine.scheduler.num_preemptions > 0
     got = [next(iter(e.values())).logprob for e in outs[0].prompt_logprobs[1:]]
-    torch.testing.assert_close(torch.tensor(got), want[:-1].gather(1, torch.tensor(prompt[1:]).unsqueeze(1))[:, 0],
-                               atol=1e-4, rtol=0)  # fmt: skip
+    expected_values = want[:-1].gather(1, torch.tensor(prompt[1:]).unsqueeze(1))[:, 0]
+    torch.testing.assert_close(torch.tensor(got), expected_values, atol=1e-4, rtol=0)
 
 
 # -- text ------------------------------------------------------------------------------------------

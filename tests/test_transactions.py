@@ -141,6 +141,10 @@ class FaultySampler:
         self.injector.tick("sampler")
         return self.sampler(*args, **kwargs)
 
+    def draw(self, *args, **kwargs):  # what the engine calls: the same fault point
+        self.injector.tick("sampler")
+        return self.sampler.draw(*args, **kwargs)
+
     def __getattr__(self, name: str):  # begin, commit, rollback: the sampler's own
         return getattr(self.sampler, name)
 

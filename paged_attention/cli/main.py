@@ -1,4 +1,4 @@
-"""Command line: ``python -m paged_attention {demo, generate, walkthrough, bench, figures}``.
+"""Command line: ``python -m paged_attention <command>`` (demo, generate, chat, bench, compat, ...).
 
 * ``demo``: the main job: real prompts on SmolLM2 under one KV budget, paged vs contiguous, side by side
   (``--model tiny``: the embedded random model, in seconds).
@@ -10,6 +10,7 @@
 * ``figures``: regenerate every figure under ``figures/`` by running the notebooks that draw them.
 * ``model fetch``: fetch and convert the real model (SmolLM2-135M-Instruct) once; ``make install`` runs it.
 * ``chat``: a terminal chat with the real model, streaming tokens and showing the KV blocks in use.
+* ``compat``: print the README's vLLM compatibility table (from :mod:`paged_attention.engine.compatibility`).
 * ``lab``: the course lab: ``list`` the exercises, ``build`` the student notebooks, ``grade`` them.
 """
 
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = sub.add_parser("figures", help="regenerate figures/ from the notebooks")
     figures.add_argument("--timeout", type=int, default=600, help="seconds allowed per notebook")
     figures.add_argument("--notebooks-only", action="store_true", help="skip the experiments (bench ...)")
+    sub.add_parser("compat", help="print the README's vLLM compatibility table")
     sub.add_parser("lab", help="course lab: list, build, grade", add_help=False)
     sub.add_parser("model", help="the real model's cache: fetch, path", add_help=False)
     opts, rest = parser.parse_known_args(argv)
@@ -137,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         from .lab import main as lab_main
 
         return lab_main(rest)
+    elif opts.command == "compat":
+        from ..engine.compatibility import markdown_table
+
+        print(markdown_table(), end="")
     elif opts.command == "figures":
         from .figures import regenerate_figures
 

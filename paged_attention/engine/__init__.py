@@ -11,13 +11,19 @@ The path of a request, module by module::
     policy             who may join and who steps back (continuous batching's two choices)
     kv_cache           the KV tensors (KVCacheSpec: bytes per token)    capacity  how many blocks
     model_runner       packs the step, runs the transformers model with our attention function
-    sampling           SamplingParams and the batched sampler
+    params             SamplingParams, BeamSearchParams: what a request asks for, checked at the door
+    logits             penalties, bias, allowed tokens, bad words: the logits before the draw
+    sampling           the batched sampler        logprobs  vLLM's Logprob entries, raw or processed
     stop_rules         when a sequence ends (they decide; the scheduler finishes it)
     detokenizer        text a few tokens at a time (prefix and read offsets)
     transaction        a step is a transaction: every part owns its undo
     outputs            RequestOutput / CompletionOutput (vLLM's) and step counters
     llm_engine         LLMEngine: add_request / step / abort_request
-    llm                LLM: vLLM's offline front (generate, chat, beam_search)
+    llm                LLM: vLLM's offline front (generate, chat, beam_search, metrics, profiling)
+    engine_args        EngineArgs: every setting, from keywords or a command line; vLLM's ignored/refused
+    generation_config  default sampling parameters from the model's generation_config.json
+    metrics            vLLM's Counter/Gauge/Histogram records (LLM.get_metrics)
+    compatibility      the README's vLLM compatibility table, as data
     chat               conversations checked and rendered by the chat template
 
 The engine uses :mod:`paged_attention.memory`, :mod:`paged_attention.kernels` and, to load what it

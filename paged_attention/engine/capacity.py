@@ -24,7 +24,7 @@ import torch
 from .._checks import check_int, check_positive_int
 from ..memory.manager import KVCacheManager
 from .kv_cache import KVCacheSpec, check_kv_fits, default_kv_cache_memory
-from .sampling import SamplingParams
+from .params import SamplingParams
 from .sequence import Sequence
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Required, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from .sampling import SamplingParams
+from .params import SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -22,16 +22,16 @@ Prompt = str | list[int] | dict[str, Any]
 
 
 class TextPrompt(TypedDict, total=False):
-    """vLLM's ``TextPrompt``: ``{"prompt": text}`` (a plain dict works the same)."""
+    """vLLM's ``TextPrompt``: ``{"prompt": text}`` (a plain dict works the same; ``prompt`` is required)."""
 
-    prompt: Required[str]
+    prompt: str
     cache_salt: str
 
 
 class TokensPrompt(TypedDict, total=False):
-    """vLLM's ``TokensPrompt``: ``{"prompt_token_ids": ids}``, optionally with the text they came from."""
+    """vLLM's ``TokensPrompt``: ``{"prompt_token_ids": ids}`` (required), optionally with their text."""
 
-    prompt_token_ids: Required[list[int]]
+    prompt_token_ids: list[int]
     prompt: str
     cache_salt: str
 

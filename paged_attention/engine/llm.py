@@ -213,7 +213,8 @@ class LLM:
         desc: str,
     ) -> list[RequestOutput]:
         engine = self.llm_engine
-        ids = []
+        ids: list[str] = []
+        known = set(engine.request_ids)  # an interrupt may land between add_request and the append
         try:
             for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
                 if isinstance(params, SamplingParams):  # as vLLM's LLM: no streaming, one output each
@@ -223,8 +224,7 @@ class LLM:
                 except (ValueError, TypeError) as err:
                     raise type(err)(f"prompt {i}: {err}") from err
         except BaseException:  # a bad prompt, or Ctrl-C while adding: leave none of ours queued
-            for request_id in ids:
-                engine.abort_request(request_id)
+            engine.abort_request([i for i in engine.request_ids if i not in known])
             raise
         results: dict[str, RequestOutput] = {}
         progress_cls = use_tqdm if callable(use_tqdm) else tqdm
@@ -237,8 +237,7 @@ class LLM:
                             results[output.request_id] = output
                             bar.update(1)
         except BaseException:  # Ctrl-C included: leave nothing of ours holding blocks, then re-raise
-            for request_id in ids:
-                if request_id in engine.request_ids:
-                    engine.abort_request(request_id)
+            mine = set(ids)
+            engine.abort_request([i for i in engine.request_ids if i in mine])
             raise
         return [results[i] for i in ids]

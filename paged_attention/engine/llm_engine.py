@@ -44,7 +44,7 @@ from .engine_args import EngineArgs
 from .generation_config import check_generation_config, sampling_defaults
 from .inputs import Prompt, check_arrival_time, check_logprobs, check_prompt, tokenize
 from .kv_cache import KVCache, KVCacheSpec
-from .logits import History, bad_words_token_ids, needs_history
+from .logits import bad_words_token_ids
 from .logprobs import LOGPROBS_MODES
 from .logprobs import entries as logprob_entries
 from .metrics import EngineMetrics, Metric
@@ -54,7 +54,6 @@ from .parallel_sampling import SamplingRequest
 from .request import Request, SequencePool
 from .sampling import BeamSearchParams, Sampler, SamplingParams
 from .scheduler import (
-    DrawnLogprob,
     ScheduledSequence,
     Scheduler,
     SchedulerOutput,
@@ -224,8 +223,6 @@ class LLMEngine:
                 )
         if beam is not None:
             check_beams_fit(self.cache_manager, request_id, seqs[0], width)
-        for seq in seqs:
-            self.scheduler.add(seq)
         request: Request
         if beam is None:
             request = SamplingRequest(request_id, text, token_ids, params, seqs, now, self.detokenizer)
@@ -233,7 +230,16 @@ class LLMEngine:
             eos = self.stop_rules.eos_token_ids
             request = BeamSearchRequest(request_id, text, token_ids, beam, seqs[0], now, self.detokenizer,
                                         eos, self.pool)  # fmt: skip
-        self._requests[request_id] = request
+        try:  # queued and known together, or neither (a Ctrl-C here must not leave a stray sequence)
+            self._requests[request_id] = request
+            for seq in seqs:
+                self.scheduler.add(seq)
+        except BaseException:
+            self._requests.pop(request_id, None)
+            self.scheduler.waiting = type(self.scheduler.waiting)(
+                s for s in self.scheduler.waiting if s not in seqs
+            )
+            raise
         return request_id
 
     def _next_request_id(self) -> str:
@@ -387,21 +393,12 @@ class LLMEngine:
                 row += 1
         if drawers:
             assert logits is not None
-            params = [s.params for s in drawers]
-            histories = [History(s.prompt_token_ids, s.output_token_ids) if needs_history(s.params) else None
-                         for s in drawers]  # fmt: skip
-            sampled = self.sampler(
-                logits[rows], params, [s.generator for s in drawers],
-                [self.stop_rules.banned(s) for s in drawers], histories, self.logprobs_mode,
-            )  # fmt: skip
-            for i, (seq, token) in enumerate(zip(drawers, sampled.tokens, strict=True)):
+            banned = [self.stop_rules.banned(s) for s in drawers]
+            tokens, logprobs = self.sampler.draw(logits[rows], drawers, banned, self.logprobs_mode,
+                                                 self.detokenizer.token_text)  # fmt: skip
+            for seq, token, logprob in zip(drawers, tokens, logprobs, strict=True):
                 drawn[seq.request_id].append((seq, token))
-                entry = None
-                if i in sampled.distributions:
-                    decode = self.detokenizer.token_text if seq.params.detokenize else None
-                    entry = logprob_entries(sampled.distributions[i].unsqueeze(0), torch.tensor([token]),
-                                            seq.params.logprobs or 0, decode)[0]  # fmt: skip
-                update.logprobs[seq.seq_id] = [DrawnLogprob(sampled.logprobs[i], entry)]
+                update.logprobs[seq.seq_id] = [logprob]
         return drawn
 
     def _prompt_logprobs(self, s: ScheduledSequence, logits: torch.Tensor) -> list[dict]:
@@ -409,8 +406,7 @@ class LLMEngine:
         params, prompt = s.seq.params, s.seq.prompt_token_ids
         targets = torch.tensor([prompt[p + 1] for p in s.prompt_positions])
         decode = self.detokenizer.token_text if params.detokenize else None
-        distribution = logits.to("cpu", torch.float32).log_softmax(dim=-1)
-        return logprob_entries(distribution, targets, params.prompt_logprobs or 0, decode)
+        return logprob_entries(logits.float().log_softmax(-1), targets, params.prompt_logprobs or 0, decode)
 
     def _outputs(self, drawn: dict[str, list[tuple[Sequence, int]]]) -> list[RequestOutput]:
         """Report the requests that drew tokens or finished; forget the finished."""

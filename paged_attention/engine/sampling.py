@@ -25,14 +25,17 @@ kernels.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from .logits import History, process
+from .logits import History, needs_history, process
 from .logprobs import LOGPROBS_MODES
+from .logprobs import entries as logprob_entries
 from .params import SEED_RANGE, BeamSearchParams, RequestOutputKind, SamplingParams
+from .sequence import Sequence as Seq
+from .step import DrawnLogprob
 
 __all__ = ["SEED_RANGE", "BeamSearchParams", "RequestOutputKind", "Sampler", "SamplerOutput",
            "SamplingParams", "sample_generator"]  # fmt: skip
@@ -126,6 +129,31 @@ class Sampler:
             chosen = processed.gather(1, tokens.unsqueeze(1)).squeeze(1)
             distributions = {i: processed[i] for i, p in enumerate(params) if p.logprobs is not None}
         return SamplerOutput(tokens.tolist(), chosen.tolist(), distributions)
+
+    def draw(
+        self,
+        logits: torch.Tensor,
+        seqs: Sequence[Seq],
+        banned: Sequence[Sequence[int]],
+        logprobs_mode: str,
+        decode: Callable[[int], str],
+    ) -> tuple[list[int], list[DrawnLogprob]]:
+        """One token per sequence from its row of ``logits`` (its settings, its generator, its past
+        tokens where penalties or bad words need them), with each token's log-probability and, if
+        its request asked for ``logprobs``, its entry (``decode``: a token's text)."""
+        histories = [History(s.prompt_token_ids, s.output_token_ids) if needs_history(s.params) else None
+                     for s in seqs]  # fmt: skip
+        out = self(logits, [s.params for s in seqs], [s.generator for s in seqs], banned, histories,
+                   logprobs_mode)  # fmt: skip
+        drawn = []
+        for i, (seq, token) in enumerate(zip(seqs, out.tokens, strict=True)):
+            entry = None
+            if i in out.distributions:
+                text = decode if seq.params.detokenize else None
+                row, k = out.distributions[i].unsqueeze(0), seq.params.logprobs or 0
+                entry = logprob_entries(row, torch.tensor([token]), k, text)[0]
+            drawn.append(DrawnLogprob(out.logprobs[i], entry))
+        return out.tokens, drawn
 
     @staticmethod
     def _probabilities(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

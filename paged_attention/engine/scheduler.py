@@ -57,107 +57,19 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import dataclass, field
 
 from .._checks import check_positive_int
 from ..memory.manager import KVCacheManager
-from ..memory.page_table import BlockCopy
 from .detokenizer import Detokenizer
-from .logprobs import Logprob
 from .policy import SchedulingPolicy
 from .sequence import FinishReason, Sequence, SequenceStatus
+from .step import DrawnLogprob, ScheduledSequence, SchedulerOutput, StepUpdate
 from .stop_rules import StopRules
 
 __all__ = ["DrawnLogprob", "ScheduledSequence", "Scheduler", "SchedulerOutput", "SchedulingPolicy",
            "StepUpdate"]  # fmt: skip
 
 PREEMPTION_MODES = ("recompute", "swap")
-
-
-@dataclass(frozen=True)
-class ScheduledSequence:
-    """One sequence's share of a step: tokens ``start .. start + num_new_tokens - 1``.
-
-    ``needs_logits`` says whether this step reaches the sequence's last token, so that its logits pick
-    the next one (false for all but the last chunk of a chunked prefill). ``prompt_positions``: the
-    positions of this chunk whose logits give prompt log-probabilities (``prompt_logprobs``).
-    """
-
-    seq: Sequence
-    num_new_tokens: int
-    slot_mapping: list[int]
-    start: int
-    needs_logits: bool
-    prompt_positions: range = range(0)
-
-    @classmethod
-    def of(cls, seq: Sequence, num_new_tokens: int, slot_mapping: list[int]) -> ScheduledSequence:
-        start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens
-        wanted = seq.prompt_logit_positions
-        prompt = range(max(wanted.start, start), min(wanted.stop, end))
-        return cls(seq, num_new_tokens, slot_mapping, start, end == seq.num_tokens, prompt)
-
-    @property
-    def logit_positions(self) -> list[int]:
-        """The positions whose logits the model runner returns, in order: the prompt ones, then
-        the last token's if it samples."""
-        last = [self.start + self.num_new_tokens - 1] if self.needs_logits else []
-        return [*self.prompt_positions, *last]
-
-
-@dataclass
-class SchedulerOutput:
-    """Everything the model runner and the engine must do for one step."""
-
-    scheduled: list[ScheduledSequence] = field(default_factory=list)
-    block_copies: list[BlockCopy] = field(default_factory=list)
-    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu block, cpu block)
-    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu block, gpu block)
-    preempted: list[Sequence] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
-
-@dataclass(frozen=True)
-class DrawnLogprob:
-    """A drawn token's log-probability, and its vLLM entry if the request asked for one."""
-
-    logprob: float
-    entry: dict[int, Logprob] | None = None
-
-
-@dataclass
-class StepUpdate:
-    """What the requests decided from one step's logits, for :meth:`Scheduler.update_from_output`.
-
-    * ``forks``: ``(parent, child)`` pairs; the child is a fresh copy of the parent (same tokens,
-      no memory yet) that will share the parent's pages;
-    * ``tokens``: ``(sequence, new tokens)`` pairs, in order; one token per sequence for ordinary
-      sampling (several would be appended one by one, stopping at the first stop);
-    * ``dropped``: sequences that end without a token (beams that did not survive);
-    * ``logprobs``: for a sequence's tokens, each one's log-probability (added to the sequence's
-      ``cumulative_logprob``) and, if its request asked for ``logprobs``, its entry (kept in
-      ``seq.logprobs``): kept, like the token, only up to a stop;
-    * ``prompt_logprobs``: entries of prompt tokens this step's chunk predicted (``prompt_logprobs``).
-    """
-
-    forks: list[tuple[Sequence, Sequence]] = field(default_factory=list)
-    tokens: list[tuple[Sequence, list[int]]] = field(default_factory=list)
-    dropped: list[Sequence] = field(default_factory=list)
-    logprobs: dict[int, list[DrawnLogprob]] = field(default_factory=dict)  # seq_id -> one per token
-    prompt_logprobs: list[tuple[Sequence, list[dict[int, Logprob]]]] = field(default_factory=list)
-
-    @classmethod
-    def scripted(cls, out: SchedulerOutput, token: int = 0) -> StepUpdate:
-        """A model stand-in: every sequence that reached its last token samples ``token`` (the
-        trace replay and the tests' scripted model)."""
-        return cls(tokens=[(s.seq, [token]) for s in out.scheduled if s.needs_logits])
 
 
 class Scheduler:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sampling import SamplingParams
+from .params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

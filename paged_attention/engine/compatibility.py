@@ -1,0 +1,178 @@
+"""How this package answers vLLM's offline API: the README's "vLLM compatibility" table, as data.
+
+Each row names a piece of vLLM's API, whether it behaves the same here (``same``), differs (and
+why), is accepted and ignored, or is refused, and the test that shows it. ``tests/test_compatibility.py``
+checks that the README holds exactly :func:`markdown_table`'s text, that every named test exists,
+and that every keyword of :data:`~.engine_args.IGNORED` and :data:`~.engine_args.REFUSED` has its
+row: the table cannot go stale without a test failing. Regenerate it with
+``python -m paged_attention compat``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .engine_args import IGNORED, REFUSED
+
+
+@dataclass(frozen=True)
+class Row:
+    api: str
+    status: str  # "same", "differs", "ignored", "refused"
+    note: str
+    test: str  # "tests/file.py::test_name" that shows it ("" for the generated keyword rows)
+
+
+ROWS = [
+    Row(
+        "`LLM(...).generate(prompts, SamplingParams(...))`, `use_tqdm`",
+        "same",
+        "greedy output token for token equal to transformers' `generate`",
+        "tests/test_engine.py::test_greedy_matches_transformers_generate_under_preemption_and_chunked_prefill",
+    ),
+    Row(
+        "vLLM's `examples/offline_inference` scripts",
+        "same",
+        "run with only the import line and the model name changed (list in tests/vllm_examples/)",
+        "tests/test_vllm_examples.py::test_example_runs",
+    ),
+    Row(
+        "`temperature`, `top_p`, `top_k`, `min_p`, `seed`, `n`",
+        "same",
+        "v1's filter order; draws follow the filtered distribution (chi-square)",
+        "tests/test_promises.py::test_each_filter_draws_from_its_renormalised_distribution",
+    ),
+    Row(
+        "`repetition_penalty`, `frequency_penalty`, `presence_penalty`",
+        "same",
+        "transformers' repetition penalty, OpenAI's frequency/presence definition",
+        "tests/test_sampling_params.py::test_greedy_with_penalties_matches_transformers_generate",
+    ),
+    Row(
+        "`logit_bias`, `allowed_token_ids`, `bad_words`",
+        "same",
+        "a bad word is banned alone and after a space (both tokenizations kept)",
+        "tests/test_sampling_params.py::test_bad_words_never_appear_and_allowed_tokens_are_all_there_is",
+    ),
+    Row(
+        "`logprobs`, `prompt_logprobs`, `Logprob(logprob, rank, decoded_token)`",
+        "same",
+        "raw logits by default (v1's `logprobs_mode='raw_logprobs'`; `'processed_logprobs'` too); "
+        "`max_logprobs=20`",
+        "tests/test_sampling_params.py::test_logprobs_are_the_models_raw_distribution",
+    ),
+    Row(
+        "`prompt_logprobs` with the prefix cache",
+        "same",
+        "such a request computes its whole prompt (v1's rule): `num_cached_tokens` is 0",
+        "tests/test_sampling_params.py::test_prompt_logprobs_score_every_prompt_token_even_from_the_prefix_cache",
+    ),
+    Row(
+        "`CompletionOutput.cumulative_logprob`",
+        "differs",
+        "kept for every sequence (v0's behaviour); v1 leaves it `None` unless `logprobs` is set",
+        "tests/test_sampling_params.py::test_cumulative_logprob_is_kept_for_every_sequence",
+    ),
+    Row(
+        "stop tokens, `stop` strings, `include_stop_str_in_output`",
+        "same",
+        "a stop token's or string's text is left out unless asked for (v1)",
+        "tests/test_sampling_params.py::test_a_stop_tokens_text_is_left_out_unless_asked_for",
+    ),
+    Row(
+        "`detokenize=False`",
+        "same",
+        "token ids only; no stop strings then",
+        "tests/test_sampling_params.py::test_detokenize_false_gives_token_ids_only",
+    ),
+    Row(
+        "`RequestOutput.num_cached_tokens`",
+        "same",
+        "prompt tokens found in the prefix cache at first admission",
+        "tests/test_offline_api.py::test_num_cached_tokens_counts_the_prefix_cache_hit",
+    ),
+    Row(
+        "how `n > 1` and beams share memory",
+        "differs",
+        "forked page tables with copy-on-write (the paper, v0); v1 makes child requests that share "
+        "the prompt through the prefix cache; the same tokens either way",
+        "tests/test_sharing.py::test_parallel_samples_equal_unshared_requests_seeded_seed_plus_i_whatever_the_batch",
+    ),
+    Row(
+        "`LLM.beam_search(prompts, BeamSearchParams(...))`",
+        "same",
+        "transformers' beams, every length penalty",
+        "tests/test_sharing.py::test_beam_search_returns_transformers_beams_for_every_length_penalty",
+    ),
+    Row(
+        "`LLM.chat`",
+        "same",
+        "the tokenizer's chat template, vLLM's keywords",
+        "tests/test_smollm2.py::test_chat_equals_generate_on_the_templated_prompt",
+    ),
+    Row(
+        "`EngineArgs`, `add_cli_args`, `from_cli_args`, `LLMEngine.from_engine_args`, `LLM(**engine_args)`",
+        "same",
+        "this engine's settings; vLLM's other options are ignored or refused (below)",
+        "tests/test_offline_api.py::test_engine_args_from_the_command_line_build_the_engine",
+    ),
+    Row(
+        "`LLM.get_default_sampling_params`, `generation_config='auto'|'vllm'|folder`",
+        "same",
+        "the fields vLLM reads from `generation_config.json`",
+        "tests/test_offline_api.py::test_default_sampling_params_come_from_the_generation_config",
+    ),
+    Row(
+        "`LLM.get_metrics()`: `Counter`, `Gauge`, `Histogram`, `Vector`",
+        "same",
+        "vLLM's names and types; a subset of its metrics (engine/metrics.py)",
+        "tests/test_offline_api.py::test_metrics_count_what_happened",
+    ),
+    Row(
+        "`LLM.start_profile()` / `stop_profile()`",
+        "same",
+        "torch profiler; a Chrome trace in `$VLLM_TORCH_PROFILER_DIR` (or an argument)",
+        "tests/test_offline_api.py::test_profiling_writes_a_chrome_trace",
+    ),
+    Row(
+        "`LLMEngine.abort_request(id or ids)`",
+        "same",
+        "an int id finds the request it named",
+        "tests/test_offline_api.py::test_abort_takes_one_id_or_many_and_int_ids_too",
+    ),
+    Row(
+        "`LLM(seed=None)`",
+        "same",
+        "unseeded requests differ from run to run",
+        "tests/test_offline_api.py::test_seed_none_draws_differently_from_run_to_run",
+    ),
+    Row(
+        "Ctrl-C during `LLM.generate`",
+        "same",
+        "nothing of the call stays queued or holds a block",
+        "tests/test_offline_api.py::test_an_interrupted_generate_leaves_nothing_of_its_own_behind",
+    ),
+    Row(
+        "`preemption_mode='swap'`",
+        "differs",
+        "v0's swapping to CPU memory is kept; v1 only recomputes",
+        "tests/test_transactions.py::test_the_workload_preempts_forks_swaps_and_hits_the_prefix_cache",
+    ),
+]
+
+
+def keyword_rows() -> list[Row]:
+    """One row per vLLM keyword accepted and ignored, or refused (from :mod:`.engine_args`)."""
+    rows = [Row(f"`{name}`", "ignored", f"in vLLM: {why}", "") for name, why in IGNORED.items()]
+    for name, (neutral, why) in REFUSED.items():
+        allowed = " or ".join(f"`{v!r}`" for v in neutral)
+        rows.append(Row(f"`{name}`", "refused", f"only {allowed}: {why}", ""))
+    return rows
+
+
+def markdown_table() -> str:
+    lines = ["| vLLM API | here | how, and why | shown by |", "| --- | --- | --- | --- |"]
+    for row in [*ROWS, *keyword_rows()]:
+        shown = f"`{row.test.split('::')[-1]}`" if row.test else "tests/test_offline_api.py"
+        lines.append(f"| {row.api} | {row.status} | {row.note} | {shown} |")
+    return "\n".join(lines) + "\n"
