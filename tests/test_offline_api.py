@@ -189,3 +189,9 @@ def test_an_interrupted_generate_leaves_nothing_of_its_own_behind() -> None:
     assert interrupted >= 3
     out = llm.generate([PROMPT], params, use_tqdm=False)
     assert len(out) == 1 and len(out[0].outputs[0].token_ids) == 2
+
+
+@pytest.mark.parametrize("template", ["{% for m in messages %}{{ m.content }", "{{ raise_exception('no') }}"])
+def test_a_broken_chat_template_is_a_value_error_naming_it(llm, template: str) -> None:
+    with pytest.raises(ValueError, match="chat_template could not render"):
+        llm.chat([{"role": "user", "content": "hi"}], chat_template=template, use_tqdm=False)

@@ -99,13 +99,19 @@ def render_chat(
             "this model's tokenizer has no chat template: pass chat_template= (a Jinja template), "
             "or use LLM.generate with a plain prompt"
         )
-    text = tokenizer.apply_chat_template(
-        list(conversation),
-        chat_template=chat_template,
-        add_generation_prompt=add_generation_prompt,
-        continue_final_message=continue_final_message,
-        tokenize=False,
-        **dict(chat_template_kwargs or {}),
-    )
+    from jinja2 import TemplateError  # transformers renders chat templates with jinja2
+
+    try:
+        text = tokenizer.apply_chat_template(
+            list(conversation),
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tokenize=False,
+            **dict(chat_template_kwargs or {}),
+        )
+    except TemplateError as err:
+        which = "chat_template" if chat_template is not None else "the tokenizer's chat template"
+        raise ValueError(f"{which} could not render this conversation: {type(err).__name__}: {err}") from err
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return {"prompt": text, "prompt_token_ids": ids}
