@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 # Lazy: `import paged_attention` stays light (no transformers) for the allocator and kernels.
 _PUBLIC = {
     "LLM": "llm",
+    "cleanup_dist_env_and_memory": "llm",
     "LLMEngine": "llm_engine",
     "EngineArgs": "engine_args",
     "TextPrompt": "inputs",
@@ -57,4 +58,5 @@ __all__ = [
     "TextPrompt",
     "TokensPrompt",
     "Vector",
+    "cleanup_dist_env_and_memory",
 ]

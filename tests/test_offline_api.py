@@ -25,7 +25,7 @@ from paged_attention import (
     SamplingParams,
     TokensPrompt,
 )
-from paged_attention.engine.engine_args import IGNORED, REFUSED
+from paged_attention.engine.engine_args import IGNORED, LLM_ONLY, REFUSED
 from paged_attention.models import DEFAULT_MODEL_NAME
 
 PROMPT = [17, 99, 4, 250, 31]
@@ -44,7 +44,7 @@ def test_engine_args_are_the_engines_keywords() -> None:
         for name, p in inspect.signature(LLMEngine.__init__).parameters.items()
         if name not in ("self", "cache_manager_factory", "scheduling_policy")
     }
-    args = {f.name: f.default for f in dataclasses.fields(EngineArgs)}
+    args = {f.name: f.default for f in dataclasses.fields(EngineArgs) if f.name not in LLM_ONLY}
     assert args == engine
 
 
@@ -195,3 +195,67 @@ def test_an_interrupted_generate_leaves_nothing_of_its_own_behind() -> None:
 def test_a_broken_chat_template_is_a_value_error_naming_it(llm, template: str) -> None:
     with pytest.raises(ValueError, match="chat_template could not render"):
         llm.chat([{"role": "user", "content": "hi"}], chat_template=template, use_tqdm=False)
+
+
+def test_best_of_reports_the_n_most_likely_of_its_samples(llm) -> None:
+    params = SamplingParams(n=2, best_of=5, seed=3, temperature=1.0, max_tokens=6, ignore_eos=True)
+    best = llm.generate([PROMPT], params, use_tqdm=False)[0].outputs
+    every = llm.generate([PROMPT], dataclasses.replace(params, n=5, best_of=None), use_tqdm=False)[0].outputs
+    top = sorted(every, key=lambda o: -o.cumulative_logprob)[:2]
+    assert sorted(o.token_ids for o in best) == sorted(o.token_ids for o in top)
+    assert [o.index for o in best] == [0, 1]
+    for kwargs, match in (({"n": 3, "best_of": 2}, "best_of must be >= n"),
+                          ({"best_of": 2, "temperature": 0}, "temperature > 0")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            SamplingParams(**kwargs)
+
+
+def test_hf_overrides_change_the_config_before_the_weights_load() -> None:
+    llm = LLM(num_kv_blocks=16, hf_overrides={"rms_norm_eps": 0.5})
+    assert llm.llm_engine.model.config.rms_norm_eps == 0.5
+    plain = LLM(num_kv_blocks=16).generate(
+        [PROMPT], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False
+    )
+    moved = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+    assert plain[0].outputs[0].token_ids != moved[0].outputs[0].token_ids  # the norms read it
+    called = LLM(num_kv_blocks=16, hf_overrides=lambda config: config)  # a function of the config works too
+    assert called.llm_engine.model.config.rms_norm_eps != 0.5
+
+
+def test_reset_prefix_cache_with_running_requests_recomputes_them(llm) -> None:
+    engine = llm.llm_engine
+    prompt = list(range(100, 130))
+    want = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0].outputs[0]
+    engine.add_request("r", prompt, SamplingParams(temperature=0, max_tokens=12))
+    for _ in range(4):
+        engine.step()
+    assert engine.reset_prefix_cache() is False  # a running request still holds cached blocks
+    assert engine.reset_prefix_cache(reset_running_requests=True) is True
+    assert engine.cache_manager.lookup_prefix(engine.sequences("r")[0]) == 0
+    done = {}
+    while engine.has_unfinished_requests():
+        done |= {o.request_id: o for o in engine.step() if o.finished}
+    assert done["r"].outputs[0].token_ids == want.token_ids
+
+
+def test_a_seed_seeds_the_programs_own_generators_as_vllm_does() -> None:
+    import random
+
+    LLM(num_kv_blocks=16, seed=42)
+    first = random.randint(0, 10**9)
+    LLM(num_kv_blocks=16, seed=42)
+    assert random.randint(0, 10**9) == first
+
+
+def test_profiler_config_and_cleanup(tmp_path, monkeypatch) -> None:
+    from paged_attention import cleanup_dist_env_and_memory
+
+    monkeypatch.delenv("VLLM_TORCH_PROFILER_DIR", raising=False)
+    llm = LLM(num_kv_blocks=16, profiler_config={"profiler": "torch", "torch_profiler_dir": str(tmp_path)})
+    llm.start_profile()
+    llm.generate([PROMPT], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert llm.stop_profile().parent == tmp_path
+    with pytest.raises(ValueError, match="profiler_config"):
+        LLM(num_kv_blocks=16, profiler_config={"profiler": "cuda"})
+    del llm
+    cleanup_dist_env_and_memory()

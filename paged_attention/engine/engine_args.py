@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,7 @@ IGNORED = {
     "enable_chunked_prefill": "chunked prefill is always on here (vLLM v1's default)",
     "disable_async_output_proc": "overlapping output processing with the next step",
     "async_scheduling": "overlapping scheduling with the model's step",
+    "pt_load_map_location": "where torch.load maps the weights (they load on the CPU, then move)",
 }
 
 #: vLLM keywords honoured only at their neutral value: (neutral values, why another is refused).
@@ -59,11 +61,17 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 
+#: Fields that :class:`~.llm.LLM` reads itself and does not pass to the engine.
+LLM_ONLY = ("profiler_config",)
+
+
 @dataclass
 class EngineArgs:
-    """The settings of :class:`~.llm_engine.LLMEngine` (see its docstring for each), plus
-    ``generation_config`` (where default sampling parameters come from: ``"auto"``, the model's
-    ``generation_config.json``; ``"vllm"``, vLLM's defaults; or a folder holding one)."""
+    """The settings of :class:`~.llm_engine.LLMEngine`: ``generation_config`` (where default
+    sampling parameters come from: ``"auto"``, the model's ``generation_config.json``; ``"vllm"``,
+    vLLM's defaults; or a folder holding one), ``hf_overrides`` (config fields changed before the
+    weights load: a dict, or a function of the config), and the rest as the engine documents them;
+    plus :class:`~.llm.LLM`'s ``profiler_config`` (where ``start_profile`` writes its trace)."""
 
     model: Any = None
     tokenizer: Any = None
@@ -85,6 +93,9 @@ class EngineArgs:
     max_logprobs: int = 20
     logprobs_mode: str = "raw_logprobs"
     generation_config: str = "auto"
+    hf_overrides: Any = None
+    #: ``LLM``'s, not the engine's: ``{"profiler": "torch", "torch_profiler_dir": folder}``.
+    profiler_config: Any = None
 
     @classmethod
     def from_keywords(cls, caller: str, kwargs: dict[str, Any]) -> EngineArgs:
@@ -103,7 +114,7 @@ class EngineArgs:
                 raise ValueError(
                     f"{caller}({name}={kwargs[name]!r}) is not supported: {why} ({allowed} only)"
                 )
-        swap = kwargs.get("swap_space", 0)
+        swap = kwargs.get("swap_space") or 0  # None: a command line's default
         if isinstance(swap, bool) or not isinstance(swap, (int, float)) or swap < 0:
             raise ValueError(f"swap_space must be a number of GiB >= 0 (ignored here), got {swap!r}")
         return cls(**{k: v for k, v in kwargs.items() if k in known})
@@ -111,7 +122,7 @@ class EngineArgs:
     def engine_kwargs(self) -> dict[str, Any]:
         """The keywords of :class:`~.llm_engine.LLMEngine` (values as they are: a model object is
         passed, not copied)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in LLM_ONLY}
 
     # -- the command line (vLLM's spelling: --max-model-len) -------------------------------------
     @staticmethod
@@ -120,7 +131,9 @@ class EngineArgs:
         group = parser.add_argument_group("engine (paged_attention.EngineArgs)")
         for f in dataclasses.fields(EngineArgs):
             flag = "--" + f.name.replace("_", "-")
-            if f.default is True or f.default is False:
+            if f.name in ("hf_overrides", "profiler_config"):
+                group.add_argument(flag, type=json.loads, default=None, help="JSON")
+            elif f.default is True or f.default is False:
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
             else:
                 group.add_argument(flag, type=_parser_for(f.default, f.type), default=f.default,

@@ -27,6 +27,30 @@ from .outputs import RequestOutput
 from .sampling import BeamSearchParams, RequestOutputKind, SamplingParams
 
 
+def check_profiler_config(config: object) -> dict | None:
+    """vLLM's ``profiler_config``: ``None`` or ``{"profiler": "torch", "torch_profiler_dir": folder}``."""
+    if config is None:
+        return None
+    if not isinstance(config, dict) or config.get("profiler", "torch") != "torch":
+        raise ValueError(
+            "profiler_config must be None or {'profiler': 'torch', 'torch_profiler_dir': folder}, "
+            f"got {config!r}"
+        )
+    return config
+
+
+def cleanup_dist_env_and_memory() -> None:
+    """vLLM's clean-up after ``del llm``: here one process, one device, so it collects garbage and
+    gives cached CUDA memory back (``vllm.distributed.cleanup_dist_env_and_memory``)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 class LLM:
     """vLLM's offline API: ``LLM(model=...).generate(prompts, sampling_params)``.
 
@@ -46,6 +70,7 @@ class LLM:
         self.llm_engine = LLMEngine.from_engine_args(args, **objects)
         self._profiler: Any = None
         self._profile_dir: Path | None = None
+        self.profiler_config = check_profiler_config(args.profiler_config)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """The sampling parameters a request gets when it brings none: vLLM's defaults, changed
@@ -58,13 +83,15 @@ class LLM:
 
     def start_profile(self, profile_dir: str | os.PathLike | None = None) -> None:
         """Start torch's profiler (CPU, and CUDA when serving on a GPU). The trace is written by
-        :meth:`stop_profile` into ``profile_dir``, else ``$VLLM_TORCH_PROFILER_DIR`` (vLLM's
-        variable); with neither, ``RuntimeError`` says which to set."""
-        folder = profile_dir or os.environ.get("VLLM_TORCH_PROFILER_DIR")
+        :meth:`stop_profile` into ``profile_dir``, else ``profiler_config["torch_profiler_dir"]``,
+        else ``$VLLM_TORCH_PROFILER_DIR`` (vLLM's two ways); with none, ``RuntimeError`` says what to set."""
+        configured = (self.profiler_config or {}).get("torch_profiler_dir")
+        folder = profile_dir or configured or os.environ.get("VLLM_TORCH_PROFILER_DIR")
         if not folder:
             raise RuntimeError(
-                "profiling is not enabled: set VLLM_TORCH_PROFILER_DIR to a folder for the trace "
-                "(as in vLLM), or pass start_profile(profile_dir=...)"
+                "profiling is not enabled: set VLLM_TORCH_PROFILER_DIR to a folder for the trace, or "
+                "LLM(profiler_config={'profiler': 'torch', 'torch_profiler_dir': folder}) (as in vLLM), "
+                "or pass start_profile(profile_dir=...)"
             )
         if self._profiler is not None:
             raise RuntimeError("a profile is already running: call stop_profile() first")
@@ -200,10 +227,7 @@ class LLM:
         """Forget the prefix cache's free blocks (vLLM's ``LLM.reset_prefix_cache``); returns
         whether it did. Between ``generate`` calls nothing runs, so ``reset_running_requests``
         (vLLM's: preempt running requests first) changes nothing here but is checked."""
-        if not isinstance(reset_running_requests, bool):
-            raise TypeError(f"reset_running_requests must be True or False, got {reset_running_requests!r}")
-        self.llm_engine.reset_prefix_cache()
-        return True
+        return self.llm_engine.reset_prefix_cache(reset_running_requests)
 
     def _serve(
         self,

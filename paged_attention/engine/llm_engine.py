@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import time
 from collections.abc import Callable, Iterable
 
@@ -63,6 +64,20 @@ from .scheduler import (
 from .sequence import Sequence
 from .stop_rules import StopRules
 from .transaction import StepTransaction
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (vLLM's ``set_random_seed``), so that a
+    program's own random draws after building an engine repeat from run to run too."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed % 2**32)
+    except ImportError:  # pragma: no cover - numpy comes with torch's usual installs
+        pass
+
 
 #: Builds the cache manager from ``(num_blocks, block_size, max_model_len)``, the budget the engine
 #: sized; the KV tensors then take the manager's own ``num_blocks`` x ``block_size`` geometry. The
@@ -103,6 +118,7 @@ class LLMEngine:
         max_logprobs: int = 20,
         logprobs_mode: str = "raw_logprobs",
         generation_config: str = "auto",
+        hf_overrides: dict | Callable | None = None,
         cache_manager_factory: CacheManagerFactory | None = None,
         scheduling_policy: SchedulingPolicy | None = None,
     ) -> None:
@@ -114,7 +130,7 @@ class LLMEngine:
                 f"cache_manager_factory must be a callable, got {type(cache_manager_factory).__name__}"
             )
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model, self.tokenizer = resolve_model(model, tokenizer, dtype, device)
+        self.model, self.tokenizer = resolve_model(model, tokenizer, dtype, device, hf_overrides)
         self.max_model_len = serving_length(self.model.config, max_model_len)
         self.spec = KVCacheSpec.from_config(self.model.config, next(self.model.parameters()).dtype)
         num_blocks = size_kv_cache(self.spec, device, block_size, num_kv_blocks, kv_cache_memory,
@@ -148,6 +164,8 @@ class LLMEngine:
                                    self.stop_rules, self.detokenizer)  # fmt: skip
         self.runner = ModelRunner(self.model, self.kv_cache, attention_backend)
         self.sampler = Sampler(None if seed is None else check_int("seed", seed))
+        if seed is not None:  # as vLLM's worker does: the process's own generators too
+            seed_everything(seed)
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
         self.logprobs_mode = logprobs_mode
@@ -206,7 +224,7 @@ class LLMEngine:
         check_logprobs(params, self.max_logprobs)
         if params.bad_words:
             params.bad_words_token_ids = bad_words_token_ids(params.bad_words, self.tokenizer)
-        width = beam.beam_width if beam else params.n
+        width = beam.beam_width if beam else params.num_samples
         if beam is not None and not self.cache_manager.supports_fork:
             raise ValueError("beam search forks page tables: it needs a cache manager that can fork")
         forks = width > 1 and self.cache_manager.supports_fork  # else: n unshared sequences, same outputs
@@ -290,9 +308,16 @@ class LLMEngine:
             raise ValueError(f"no unfinished request with id {request_id!r}")
         return tuple(self._requests[request_id].seqs)
 
-    def reset_prefix_cache(self) -> int:
-        """Forget every cached block that no sequence holds (e.g. between benchmark runs)."""
-        return self.cache_manager.reset_prefix_cache()
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget every cached block that no sequence holds (e.g. between benchmark runs); with
+        ``reset_running_requests``, first send the running requests back to be recomputed, so that
+        nothing cached stays. Returns whether the whole cache was forgotten (vLLM's answer)."""
+        if not isinstance(reset_running_requests, bool):
+            raise TypeError(f"reset_running_requests must be True or False, got {reset_running_requests!r}")
+        if reset_running_requests:
+            self.scheduler.preempt_running()
+        self.cache_manager.reset_prefix_cache()
+        return not self.scheduler.running
 
     # -- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

@@ -1,5 +1,7 @@
 """A sampling request: one sequence, or ``n`` parallel samples that share their prompt's pages.
 
+(With ``best_of``, ``best_of`` samples are drawn the same way and the ``n`` most likely are reported.)
+
 With a cache manager that can fork (the paged one), a request for ``n`` samples is one sequence
 until its prompt is computed. When that sequence draws its first token, the request makes its
 ``n - 1`` siblings as copies of it; each draws its own first token from the same prompt logits,
@@ -81,7 +83,8 @@ class SamplingRequest(Request):
         if kind is RequestOutputKind.FINAL_ONLY and not finished:
             return None
         outputs = []
-        for seq in self.seqs:
+        reported = self._reported_seqs()
+        for position, seq in enumerate(reported):
             if seq.is_finished:
                 text = seq.output_text  # complete: flushed when it finished
             else:
@@ -97,7 +100,8 @@ class SamplingRequest(Request):
             else:
                 tokens, logprobs = list(tokens), None if logprobs is None else list(logprobs)
             reason = seq.finish_reason.value if seq.finish_reason else None
-            outputs.append(CompletionOutput(seq.sample_index, text, tokens, reason, seq.stop_reason,
+            index = position if len(reported) < len(self.seqs) else seq.sample_index  # best_of: 0 .. n-1
+            outputs.append(CompletionOutput(index, text, tokens, reason, seq.stop_reason,
                                             seq.cumulative_logprob, logprobs))  # fmt: skip
         metrics = self.metrics
         if finished:
@@ -114,6 +118,16 @@ class SamplingRequest(Request):
             self._prompt_logprobs(kind),
             self.num_cached_tokens,
         )
+
+    def _reported_seqs(self) -> list[Sequence]:
+        """The ``n`` samples reported: all of them, or with ``best_of`` the ``n`` with the highest
+        cumulative log-probability so far (vLLM v0's choice; ties keep the lower index), in index
+        order, numbered ``0 .. n-1`` in the output."""
+        n = self.params.n
+        if len(self.seqs) <= n:
+            return self.seqs
+        best = sorted(self.seqs, key=lambda s: (-s.cumulative_logprob, s.sample_index))[:n]
+        return sorted(best, key=lambda s: s.sample_index)
 
     def _prompt_logprobs(self, kind: RequestOutputKind) -> PromptLogprobs | None:
         """``[None, entry for prompt token 1, ...]`` once the prompt is computed; a DELTA stream

@@ -66,7 +66,9 @@ class SamplingParams:
     * ``temperature``: 0 means greedy (argmax of the processed logits); higher flattens;
       then ``min_p`` (drop tokens below ``min_p`` x the most likely), ``top_k`` (keep ``k``; 0 or -1
       keeps all) and ``top_p`` (the smallest set whose probability adds up to ``top_p``);
-    * ``n``: samples per prompt; ``seed``: per-request random seed (sample ``i`` draws from ``seed + i``).
+    * ``n``: samples per prompt; ``seed``: per-request random seed (sample ``i`` draws from ``seed + i``);
+      ``best_of`` (vLLM v0's; v1 dropped it): draw that many samples, report the ``n`` whose
+      ``cumulative_logprob`` is highest.
 
     What is reported: ``logprobs`` (``k``: the ``k`` most likely tokens at each output position,
     plus the sampled one; 0: only the sampled one; -1: the whole vocabulary), ``prompt_logprobs``
@@ -80,6 +82,7 @@ class SamplingParams:
     """
 
     n: int = 1
+    best_of: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -148,6 +151,19 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
+        if self.best_of is not None:
+            if not _is_int(self.best_of):
+                raise TypeError(f"best_of must be an int or None, got {self.best_of!r}")
+            if self.best_of < self.n:
+                raise ValueError(f"best_of must be >= n={self.n}, got {self.best_of}")
+            if self.best_of > 1 and self.temperature < _EPS:
+                raise ValueError(
+                    "best_of > 1 draws several samples: it needs temperature > 0 (greedy gives one)"
+                )
+            if self.best_of > self.n and self.output_kind is RequestOutputKind.DELTA:
+                raise ValueError(
+                    "best_of > n chooses its n samples as they go: it cannot stream DELTA outputs"
+                )
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -181,10 +197,12 @@ class SamplingParams:
                 raise TypeError(f"seed must be an int or None, got {self.seed!r}")
             # Sample i draws from torch.Generator().manual_seed(seed + i), which takes [-2**63, 2**64).
             low, high = SEED_RANGE
-            if not low <= self.seed <= high - self.n:
+            width = self.num_samples
+            if not low <= self.seed <= high - width:
                 raise ValueError(
-                    f"seed must be in [{low}, {high - self.n}] so that every sample's seed, seed + i for "
-                    f"i < n={self.n}, fits a torch.Generator ([{low}, {high - 1}]); got {self.seed}"
+                    f"seed must be in [{low}, {high - width}] so that every sample's seed, seed + i for "
+                    f"i < {'n' if self.best_of is None else 'best_of'}={width}, fits a torch.Generator "
+                    f"([{low}, {high - 1}]); got {self.seed}"
                 )
 
     def _check_flags(self) -> None:
@@ -212,6 +230,11 @@ class SamplingParams:
                 )
             checked[token] = float(value)
         return checked
+
+    @property
+    def num_samples(self) -> int:
+        """How many samples are drawn: ``best_of`` if set, else ``n``."""
+        return self.best_of or self.n
 
     @property
     def greedy(self) -> bool:

@@ -232,6 +232,15 @@ class Scheduler:
             budget -= n
             index += 1
 
+    def preempt_running(self) -> int:
+        """Between steps: send every running sequence back to the waiting queue, to be recomputed
+        (``reset_prefix_cache(reset_running_requests=True)``, as vLLM's); returns how many."""
+        out = SchedulerOutput()
+        victims = list(self.running)
+        for seq in reversed(victims):  # the latest first, so that the queue's front keeps arrival order
+            self._preempt(seq, out, recompute=True)
+        return len(victims)
+
     def _preempt(self, seq: Sequence, out: SchedulerOutput, recompute: bool = False) -> None:
         self.running.remove(seq)
         out.scheduled = [s for s in out.scheduled if s.seq is not seq]

@@ -8,8 +8,9 @@ embedded default (a tiny random Llama, built on first use) is described in :mod:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -77,6 +78,7 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     device: str | torch.device = "cpu",
     tokenizer: str | os.PathLike | None = None,
+    hf_overrides: dict[str, Any] | Callable[[Any], Any] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, offline, and return ``(model, tokenizer)``.
 
@@ -96,7 +98,8 @@ def load_model(
     ``AutoTokenizer.from_pretrained``; ``tokenizer`` names another folder or hub name to take the
     tokenizer from. ``dtype`` is resolved by :func:`resolve_dtype`. The model comes back in eval mode
     on ``device``. A cache folder that cannot hold the embedded model it must build raises
-    :class:`~.embedded.CacheDirError` (a ``ValueError``).
+    :class:`~.embedded.CacheDirError` (a ``ValueError``). ``hf_overrides`` (vLLM's) changes the
+    model's config before the weights load: a dict of config fields, or a function of the config.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -111,14 +114,28 @@ def load_model(
     source = _locate(model)
     try:
         config = AutoConfig.from_pretrained(source, local_files_only=True)
+        config = _override(config, hf_overrides)
         torch_dtype = resolve_dtype(dtype, dev, config)
         with quiet_progress():
-            loaded = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, local_files_only=True)
+            loaded = AutoModelForCausalLM.from_pretrained(
+                source, config=config, dtype=torch_dtype, local_files_only=True
+            )
     except (OSError, ValueError) as err:
         raise ValueError(f"cannot load model {model!r} from {source}: {err}") from err
 
     tok = _load_tokenizer(source if tokenizer is None else _locate(tokenizer), f"model {model!r}")
     return loaded.to(dev).eval(), tok
+
+
+def _override(config: Any, overrides: dict[str, Any] | Callable[[Any], Any] | None) -> Any:
+    if overrides is None:
+        return config
+    if callable(overrides):
+        return overrides(config)
+    if not isinstance(overrides, dict):
+        raise TypeError(f"hf_overrides must be a dict of config fields or a function, got {overrides!r}")
+    config.update(overrides)
+    return config
 
 
 def load_tokenizer(tokenizer: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
@@ -198,6 +215,7 @@ def resolve_model(
     tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None,
     dtype: str | torch.dtype | None,
     device: torch.device,
+    hf_overrides: dict[str, Any] | Callable[[Any], Any] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A model object is used as given (moved to ``device``, cast to ``dtype`` if one is named);
     anything else goes through :func:`load_model`. ``tokenizer`` likewise: an object, or where to
@@ -215,10 +233,14 @@ def resolve_model(
             if not source:
                 raise ValueError("a model object needs tokenizer= (a tokenizer, or where to load one)")
             tok = load_tokenizer(source)
+        if hf_overrides is not None:
+            raise ValueError(
+                "hf_overrides changes a config before loading: give a model name, not a model object"
+            )
         if dtype is not None:
             model = model.to(resolve_dtype(dtype, device, model.config))
         return model.to(device).eval(), tok
-    loaded, default_tok = load_model(model, dtype, device)
+    loaded, default_tok = load_model(model, dtype, device, hf_overrides=hf_overrides)
     return loaded, tok if tok is not None else default_tok
 
 
