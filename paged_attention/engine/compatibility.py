@@ -33,8 +33,9 @@ ROWS = [
     Row(
         "vLLM's `examples/offline_inference` scripts",
         "same",
-        "run with only the import line and the model name changed (list in tests/vllm_examples/)",
-        "tests/test_vllm_examples.py::test_example_runs",
+        "17 run with only import lines and the model name changed (tests/vllm_examples/README.md); "
+        "`vllm.utils.FlexibleArgumentParser` becomes `argparse.ArgumentParser`",
+        "tests/test_vllm_examples.py::test_vllm_example_runs",
     ),
     Row(
         "`temperature`, `top_p`, `top_k`, `min_p`, `seed`, `n`",
@@ -131,7 +132,7 @@ ROWS = [
     Row(
         "`LLM.start_profile()` / `stop_profile()`",
         "same",
-        "torch profiler; a Chrome trace in `$VLLM_TORCH_PROFILER_DIR` (or an argument)",
+        "torch profiler; a Chrome trace in `profiler_config`'s folder or `$VLLM_TORCH_PROFILER_DIR`",
         "tests/test_offline_api.py::test_profiling_writes_a_chrome_trace",
     ),
     Row(
@@ -145,6 +146,36 @@ ROWS = [
         "same",
         "unseeded requests differ from run to run",
         "tests/test_offline_api.py::test_seed_none_draws_differently_from_run_to_run",
+    ),
+    Row(
+        "`LLM(seed=s)`",
+        "same",
+        "also seeds Python's, NumPy's and torch's generators (vLLM's worker does)",
+        "tests/test_offline_api.py::test_a_seed_seeds_the_programs_own_generators_as_vllm_does",
+    ),
+    Row(
+        "`SamplingParams(best_of=k)`",
+        "differs",
+        "vLLM v0's meaning (k samples, the n most likely reported); v1 refuses `best_of`",
+        "tests/test_offline_api.py::test_best_of_reports_the_n_most_likely_of_its_samples",
+    ),
+    Row(
+        "`LLM(hf_overrides=dict or function)`",
+        "same",
+        "config fields changed before the weights load",
+        "tests/test_offline_api.py::test_hf_overrides_change_the_config_before_the_weights_load",
+    ),
+    Row(
+        "`reset_prefix_cache(reset_running_requests=True)`",
+        "same",
+        "running requests are preempted and recomputed first; `False` if blocks stay held",
+        "tests/test_offline_api.py::test_reset_prefix_cache_with_running_requests_recomputes_them",
+    ),
+    Row(
+        "`cleanup_dist_env_and_memory()`",
+        "same",
+        "one process: garbage collected, CUDA cache emptied",
+        "tests/test_offline_api.py::test_profiler_config_and_cleanup",
     ),
     Row(
         "Ctrl-C during `LLM.generate`",
