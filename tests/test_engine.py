@@ -456,5 +456,7 @@ def test_common_vllm_constructor_arguments_are_accepted(models, tokenizer):
         tensor_parallel_size=1,
     )
     assert llm.generate("abc", SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
-    with pytest.raises(ValueError, match="tensor_parallel_size must be 1"):
+    with pytest.raises(
+        ValueError, match=r"LLM\(tensor_parallel_size=2\) is not supported: this engine runs on one device"
+    ):
         LLM(models["llama"], tokenizer=tokenizer, num_kv_blocks=16, tensor_parallel_size=2)

@@ -1,6 +1,7 @@
 """How big the KV cache is, and does one request of ``max_model_len`` tokens fit it? Settled when
 the engine is built.
 
+:func:`manager_builder`: how the cache manager is made for a given ``max_model_len``.
 :func:`size_kv_cache`: the blocks a cache gets (``num_kv_blocks``, or what a byte budget buys),
 refused before anything is allocated if the device cannot hold them.
 
@@ -23,6 +24,7 @@ import torch
 
 from .._checks import check_int, check_positive_int
 from ..memory.manager import KVCacheManager
+from ..memory.paged_manager import PagedKVCacheManager
 from .kv_cache import KVCacheSpec, check_kv_fits, default_kv_cache_memory
 from .params import SamplingParams
 from .sequence import Sequence
@@ -31,6 +33,26 @@ from .sequence import Sequence
 def longest_request(length: int) -> Sequence:
     """A stand-in request of ``length`` tokens in all (its last token's K/V is never stored)."""
     return Sequence(-1, "max_model_len", [0] * max(1, length - 1), SamplingParams(max_tokens=1), 0.0)
+
+
+def manager_builder(
+    num_blocks: int,
+    block_size: int,
+    factory: Callable[[int, int, int], KVCacheManager] | None,
+    watermark: float,
+    num_cpu_blocks: int | None,
+    preemption_mode: str,
+    enable_prefix_caching: bool,
+) -> Callable[[int], KVCacheManager]:
+    """``build(max_model_len)`` for :func:`fit_max_model_len`: the engine's ``cache_manager_factory``
+    given the sized budget, or by default one paged manager (whatever the length; its own settings
+    are ``watermark``, the CPU blocks of swap preemption, which default to as many as the GPU's, and
+    prefix caching)."""
+    if factory is not None:
+        return lambda length: factory(num_blocks, block_size, length)
+    cpu_blocks = num_blocks if num_cpu_blocks is None and preemption_mode == "swap" else num_cpu_blocks
+    paged = PagedKVCacheManager(num_blocks, block_size, watermark, cpu_blocks or 0, enable_prefix_caching)
+    return lambda _length: paged
 
 
 def fit_max_model_len(

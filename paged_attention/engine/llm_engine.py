@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import random
 import time
 from collections.abc import Callable, Iterable
 
@@ -36,24 +35,21 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .._checks import check_int, check_positive_int
 from ..memory.manager import KVCacheManager
-from ..memory.paged_manager import PagedKVCacheManager
 from ..models import eos_token_ids, resolve_model, serving_length
-from .beam_search import BeamSearchRequest, check_beams_fit
-from .capacity import fit_max_model_len, size_kv_cache
+from .capacity import fit_max_model_len, manager_builder, size_kv_cache
 from .detokenizer import Detokenizer
 from .engine_args import EngineArgs
 from .generation_config import check_generation_config, sampling_defaults
-from .inputs import Prompt, check_arrival_time, check_logprobs, check_prompt, tokenize
+from .inputs import Prompt
+from .intake import build_request
 from .kv_cache import KVCache, KVCacheSpec
-from .logits import bad_words_token_ids
 from .logprobs import LOGPROBS_MODES
 from .logprobs import entries as logprob_entries
 from .metrics import EngineMetrics, Metric
 from .model_runner import ModelRunner
 from .outputs import RequestOutput, StepStats
-from .parallel_sampling import SamplingRequest
 from .request import Request, SequencePool
-from .sampling import BeamSearchParams, Sampler, SamplingParams
+from .sampling import BeamSearchParams, Sampler, SamplingParams, seed_everything
 from .scheduler import (
     ScheduledSequence,
     Scheduler,
@@ -64,20 +60,6 @@ from .scheduler import (
 from .sequence import Sequence
 from .stop_rules import StopRules
 from .transaction import StepTransaction
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's global generators (vLLM's ``set_random_seed``), so that a
-    program's own random draws after building an engine repeat from run to run too."""
-    random.seed(seed)
-    torch.manual_seed(seed)
-    try:
-        import numpy
-
-        numpy.random.seed(seed % 2**32)
-    except ImportError:  # pragma: no cover - numpy comes with torch's usual installs
-        pass
-
 
 #: Builds the cache manager from ``(num_blocks, block_size, max_model_len)``, the budget the engine
 #: sized; the KV tensors then take the manager's own ``num_blocks`` x ``block_size`` geometry. The
@@ -135,17 +117,8 @@ class LLMEngine:
         self.spec = KVCacheSpec.from_config(self.model.config, next(self.model.parameters()).dtype)
         num_blocks = size_kv_cache(self.spec, device, block_size, num_kv_blocks, kv_cache_memory,
                                    gpu_memory_utilization)  # fmt: skip
-        if cache_manager_factory is None:
-            cpu_blocks = (
-                num_blocks if num_cpu_blocks is None and preemption_mode == "swap" else num_cpu_blocks
-            )
-            paged = PagedKVCacheManager(
-                num_blocks, block_size, watermark, cpu_blocks or 0, enable_prefix_caching
-            )
-            build: Callable[[int], KVCacheManager] = lambda _length: paged  # noqa: E731
-        else:
-            factory = cache_manager_factory
-            build = lambda length: factory(num_blocks, block_size, length)  # noqa: E731
+        build = manager_builder(num_blocks, block_size, cache_manager_factory, watermark, num_cpu_blocks,
+                                preemption_mode, enable_prefix_caching)  # fmt: skip
         # One request of max_model_len must fit: refused if max_model_len was given, else lowered.
         self.cache_manager, self.max_model_len = fit_max_model_len(
             build, self.max_model_len, max_model_len is not None
@@ -201,17 +174,6 @@ class LLMEngine:
         ``params`` may be :class:`BeamSearchParams` for a beam search. A dict prompt may carry a
         ``"cache_salt"``: only requests with the same salt share prefix-cache blocks.
         """
-        params = params or SamplingParams()
-        if not isinstance(params, (SamplingParams, BeamSearchParams)):
-            raise TypeError(
-                f"params must be a SamplingParams or BeamSearchParams, got {type(params).__name__}"
-            )
-        beam = params if isinstance(params, BeamSearchParams) else None
-        if beam is not None:
-            params = SamplingParams(temperature=0.0, max_tokens=beam.max_tokens, ignore_eos=beam.ignore_eos)
-        assert isinstance(params, SamplingParams)
-        params = params.clone()  # checked again (it may have been changed since it was built), and ours
-        check_arrival_time(arrival_time)
         if request_id is None:
             request_id = self._next_request_id()
         elif not isinstance(request_id, (str, int)) or isinstance(request_id, bool):
@@ -219,35 +181,7 @@ class LLMEngine:
         request_id = str(request_id)
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        text, token_ids, cache_salt = tokenize(prompt, self.tokenizer)
-        params = check_prompt(token_ids, params, self.model.config.vocab_size, self.max_model_len)
-        check_logprobs(params, self.max_logprobs)
-        if params.bad_words:
-            params.bad_words_token_ids = bad_words_token_ids(params.bad_words, self.tokenizer)
-        width = beam.beam_width if beam else params.num_samples
-        if beam is not None and not self.cache_manager.supports_fork:
-            raise ValueError("beam search forks page tables: it needs a cache manager that can fork")
-        forks = width > 1 and self.cache_manager.supports_fork  # else: n unshared sequences, same outputs
-        now = time.monotonic() if arrival_time is None else arrival_time
-        seqs = [
-            self.pool.new(request_id, token_ids, params, now, i, cache_salt)
-            for i in range(1 if forks else width)
-        ]
-        seqs[0].pending_forks = width - 1 if forks else 0
-        for seq in seqs:
-            if not self.cache_manager.fits_at_all(seq):
-                raise ValueError(
-                    f"request {request_id!r} can never fit: {self.cache_manager.unfit_reason(seq)}"
-                )
-        if beam is not None:
-            check_beams_fit(self.cache_manager, request_id, seqs[0], width)
-        request: Request
-        if beam is None:
-            request = SamplingRequest(request_id, text, token_ids, params, seqs, now, self.detokenizer)
-        else:
-            eos = self.stop_rules.eos_token_ids
-            request = BeamSearchRequest(request_id, text, token_ids, beam, seqs[0], now, self.detokenizer,
-                                        eos, self.pool)  # fmt: skip
+        request, seqs = build_request(self, request_id, prompt, params, arrival_time)
         try:  # queued and known together, or neither (a Ctrl-C here must not leave a stray sequence)
             self._requests[request_id] = request
             for seq in seqs:
@@ -275,7 +209,7 @@ class LLMEngine:
         ids = [str(i) for i in ids]  # an int id was stored as its string (add_request's rule)
         missing = [i for i in ids if i not in self._requests]
         if missing:
-            raise ValueError(f"no unfinished request with id {', '.join(map(repr, missing))}")
+            raise ValueError(f"no request with id {', '.join(map(repr, missing))} is unfinished")
         now = time.monotonic()
         for i in ids:
             self._requests.pop(i).abort(now, self.scheduler)
@@ -284,12 +218,7 @@ class LLMEngine:
 
     def get_metrics(self) -> list[Metric]:
         """vLLM's metrics of this engine so far (:mod:`.metrics`): counters, gauges, histograms."""
-        stats = getattr(self.cache_manager, "prefix_cache_stats", None)
-        return self.metrics.read(
-            len(self.scheduler.running), len(self.scheduler.waiting) + len(self.scheduler.swapped),
-            self.cache_manager.usage, self.scheduler.num_preemptions,
-            stats.queries if stats else 0, stats.hits if stats else 0,
-        )  # fmt: skip
+        return self.metrics.read(self.scheduler, self.cache_manager)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()

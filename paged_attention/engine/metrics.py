@@ -22,8 +22,13 @@ from __future__ import annotations
 import bisect
 import copy
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from ..memory.manager import KVCacheManager
+    from .scheduler import Scheduler
 
 
 @dataclass
@@ -122,11 +127,14 @@ class EngineMetrics:
         if itl is not None:
             h["vllm:inter_token_latency_seconds"].observe(itl)
 
-    def read(
-        self, num_running: int, num_waiting: int, kv_usage: float, num_preemptions: int,
-        prefix_queries: int, prefix_hits: int,
-    ) -> list[Metric]:  # fmt: skip
-        """The records, with the gauges and the counters kept elsewhere passed in."""
+    def read(self, scheduler: Scheduler, cache_manager: KVCacheManager) -> list[Metric]:
+        """The records: the gauges read now from the scheduler and the cache manager (as are the
+        preemption and prefix-cache counters, kept there), the rest counted here."""
+        num_running, num_preemptions = len(scheduler.running), scheduler.num_preemptions
+        num_waiting = len(scheduler.waiting) + len(scheduler.swapped)
+        kv_usage = cache_manager.usage
+        stats = getattr(cache_manager, "prefix_cache_stats", None)
+        prefix_queries, prefix_hits = (stats.queries, stats.hits) if stats else (0, 0)
         records: list[Metric] = [
             Gauge("vllm:num_requests_running", {}, float(num_running)),
             Gauge("vllm:num_requests_waiting", {}, float(num_waiting)),

@@ -25,6 +25,7 @@ kernels.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -38,7 +39,7 @@ from .sequence import Sequence as Seq
 from .step import DrawnLogprob
 
 __all__ = ["SEED_RANGE", "BeamSearchParams", "RequestOutputKind", "Sampler", "SamplerOutput",
-           "SamplingParams", "sample_generator"]  # fmt: skip
+           "SamplingParams", "sample_generator", "seed_everything"]  # fmt: skip
 
 
 @dataclass
@@ -172,3 +173,16 @@ class Sampler:
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
         return torch.zeros_like(sorted_probs).scatter_(1, order, sorted_probs)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (vLLM's ``set_random_seed``), so that a
+    program's own random draws after building an engine repeat from run to run too."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed % 2**32)
+    except ImportError:  # pragma: no cover - numpy comes with torch's usual installs
+        pass
