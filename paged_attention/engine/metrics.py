@@ -20,7 +20,6 @@ nothing). What is counted:
 from __future__ import annotations
 
 import bisect
-import copy
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -154,13 +153,15 @@ class EngineMetrics:
 
     # -- a step is a transaction (:mod:`.transaction`): a few dozen numbers ----------------------
     def begin(self) -> None:
-        self._saved = (self.prompt_tokens, self.generation_tokens, dict(self.success),
-                       copy.deepcopy(self.histograms))  # fmt: skip
+        histograms = {name: (list(h.counts), h.total) for name, h in self.histograms.items()}
+        self._saved = (self.prompt_tokens, self.generation_tokens, dict(self.success), histograms)
 
     def commit(self) -> None:
         self._saved = None
 
     def rollback(self) -> None:
         if self._saved is not None:
-            self.prompt_tokens, self.generation_tokens, self.success, self.histograms = self._saved
+            self.prompt_tokens, self.generation_tokens, self.success, histograms = self._saved
+            for name, (counts, total) in histograms.items():
+                self.histograms[name].counts, self.histograms[name].total = counts, total
         self._saved = None
