@@ -3,12 +3,14 @@
 The path of a request, module by module::
 
     inputs             prompt -> token ids, and the checks a request must pass
+    intake             add_request's checks, then the request and its sequences
     sequence           one prompt + its output so far, and where it is in its life
     request            a request's sequences, and the interface the step drives them through
     parallel_sampling  n samples forked from one prompt          beam_search  beams forked and freed
     scheduler          who runs this step, with how many tokens (continuous batching, preemption),
                        and update_from_output, the one owner of the end of a step
     policy             who may join and who steps back (continuous batching's two choices)
+    step               the records a step passes along (SchedulerOutput, StepUpdate)
     kv_cache           the KV tensors (KVCacheSpec: bytes per token)    capacity  how many blocks
     model_runner       packs the step, runs the transformers model with our attention function
     params             SamplingParams, BeamSearchParams: what a request asks for, checked at the door
