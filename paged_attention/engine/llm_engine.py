@@ -43,7 +43,6 @@ from .generation_config import check_generation_config, sampling_defaults
 from .inputs import Prompt
 from .intake import build_request
 from .kv_cache import KVCache, KVCacheSpec
-from .logprobs import LOGPROBS_MODES
 from .logprobs import entries as logprob_entries
 from .metrics import EngineMetrics, Metric
 from .model_runner import ModelRunner
@@ -136,12 +135,9 @@ class LLMEngine:
         self.scheduler = Scheduler(manager, max_num_seqs, budget, preemption_mode, scheduling_policy,
                                    self.stop_rules, self.detokenizer)  # fmt: skip
         self.runner = ModelRunner(self.model, self.kv_cache, attention_backend)
-        self.sampler = Sampler(None if seed is None else check_int("seed", seed))
+        self.sampler = Sampler(None if seed is None else check_int("seed", seed), logprobs_mode)
         if seed is not None:  # as vLLM's worker does: the process's own generators too
             seed_everything(seed)
-        if logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
-        self.logprobs_mode = logprobs_mode
         self.max_logprobs = check_int("max_logprobs", max_logprobs, minimum=-1)
         #: SamplingParams keywords from the model's generation config (:mod:`.generation_config`).
         self.sampling_defaults = sampling_defaults(self.model, check_generation_config(generation_config))
@@ -214,7 +210,8 @@ class LLMEngine:
         for i in ids:
             self._requests.pop(i).abort(now, self.scheduler)
             self.metrics.record_abort()
-        self._undelivered = [o for o in self._undelivered if o.request_id not in ids]
+        gone = set(ids)
+        self._undelivered = [o for o in self._undelivered if o.request_id not in gone]
 
     def get_metrics(self) -> list[Metric]:
         """vLLM's metrics of this engine so far (:mod:`.metrics`): counters, gauges, histograms."""
@@ -288,9 +285,7 @@ class LLMEngine:
         for request_id, request in self._requests.items():  # every request: a beam search may be
             request.decide(drawn.get(request_id, []), update, computed, now)  # ready without a row
         self.scheduler.update_from_output(out, update, now)
-        prompt_tokens = sum(max(0, min(s.start + s.num_new_tokens, len(s.seq.prompt_token_ids)) - s.start)
-                            for s in out.scheduled)  # fmt: skip
-        self.metrics.record_step(prompt_tokens, sum(len(tokens) for _, tokens in update.tokens))
+        self.metrics.record_step(out, update)
         outputs = self._outputs(drawn)
         if out.is_empty and self.scheduler.has_unfinished() and not (out.preempted or out.swap_in):
             raise RuntimeError(
@@ -348,8 +343,7 @@ class LLMEngine:
         if drawers:
             assert logits is not None
             banned = [self.stop_rules.banned(s) for s in drawers]
-            tokens, logprobs = self.sampler.draw(logits[rows], drawers, banned, self.logprobs_mode,
-                                                 self.detokenizer.token_text)  # fmt: skip
+            tokens, logprobs = self.sampler.draw(logits[rows], drawers, banned, self.detokenizer.token_text)
             for seq, token, logprob in zip(drawers, tokens, logprobs, strict=True):
                 drawn[seq.request_id].append((seq, token))
                 update.logprobs[seq.seq_id] = [logprob]

@@ -28,6 +28,7 @@ from .outputs import RequestOutput
 if TYPE_CHECKING:
     from ..memory.manager import KVCacheManager
     from .scheduler import Scheduler
+    from .step import SchedulerOutput, StepUpdate
 
 
 @dataclass
@@ -102,7 +103,14 @@ class EngineMetrics:
         }
         self._saved: tuple | None = None
 
-    def record_step(self, num_prompt_tokens: int, num_generation_tokens: int) -> None:
+    def record_step(self, out: SchedulerOutput, update: StepUpdate) -> None:
+        """A step's tokens: prompt tokens it computed (a chunk's part inside the prompt), and the
+        tokens it appended (every token of ``update``: one per sampled sequence)."""
+        num_prompt_tokens = sum(
+            max(0, min(s.start + s.num_new_tokens, len(s.seq.prompt_token_ids)) - s.start)
+            for s in out.scheduled
+        )
+        num_generation_tokens = sum(len(tokens) for _, tokens in update.tokens)
         self.prompt_tokens += num_prompt_tokens
         self.generation_tokens += num_generation_tokens
         if num_prompt_tokens + num_generation_tokens:

@@ -63,9 +63,13 @@ def sample_generator(params: SamplingParams, sample_index: int) -> torch.Generat
 class Sampler:
     """Turns one step's logits ``[num_seqs, vocab]`` into one token per row."""
 
-    def __init__(self, seed: int | None = 0) -> None:
+    def __init__(self, seed: int | None = 0, logprobs_mode: str = "raw_logprobs") -> None:
         """``seed``: of the generator that requests without their own seed share (``None``: a
-        random one, so that such runs differ, as vLLM's ``seed=None``)."""
+        random one, so that such runs differ, as vLLM's ``seed=None``). ``logprobs_mode``: which
+        distribution the reported log-probabilities come from (:mod:`.logprobs`)."""
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
+        self.logprobs_mode = logprobs_mode
         self.shared_generator = torch.Generator()
         if seed is None:
             self.shared_generator.seed()
@@ -99,12 +103,9 @@ class Sampler:
         generators: Sequence[torch.Generator | None],
         banned: Sequence[Sequence[int]] | None = None,
         histories: Sequence[History | None] | None = None,
-        logprobs_mode: str = "raw_logprobs",
     ) -> SamplerOutput:
         """Draw a token per row. ``banned[i]``: ids row ``i`` may not produce (min_tokens);
         ``histories[i]``: its past tokens, for penalties and bad words (:mod:`.logits`)."""
-        if logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
         raw = logits.to("cpu", torch.float32)
         work = process(raw.clone(), params, banned, histories)  # a copy: the raw logits stay
         tokens = work.argmax(dim=-1)
@@ -119,7 +120,7 @@ class Sampler:
                 u = torch.rand((), generator=generator)
                 cdf = probs[j].cumsum(0)
                 tokens[row] = torch.searchsorted(cdf, u * cdf[-1]).clamp(max=cdf.numel() - 1)
-        if logprobs_mode == "raw_logprobs":
+        if self.logprobs_mode == "raw_logprobs":
             chosen = raw.gather(1, tokens.unsqueeze(1)).squeeze(1) - raw.logsumexp(dim=-1)
             wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
             distributions = dict(zip(wanted, raw[wanted].log_softmax(dim=-1), strict=True))
@@ -136,7 +137,6 @@ class Sampler:
         logits: torch.Tensor,
         seqs: Sequence[Seq],
         banned: Sequence[Sequence[int]],
-        logprobs_mode: str,
         decode: Callable[[int], str],
     ) -> tuple[list[int], list[DrawnLogprob]]:
         """One token per sequence from its row of ``logits`` (its settings, its generator, its past
@@ -144,8 +144,7 @@ class Sampler:
         its request asked for ``logprobs``, its entry (``decode``: a token's text)."""
         histories = [History(s.prompt_token_ids, s.output_token_ids) if needs_history(s.params) else None
                      for s in seqs]  # fmt: skip
-        out = self(logits, [s.params for s in seqs], [s.generator for s in seqs], banned, histories,
-                   logprobs_mode)  # fmt: skip
+        out = self(logits, [s.params for s in seqs], [s.generator for s in seqs], banned, histories)
         drawn = []
         for i, (seq, token) in enumerate(zip(seqs, out.tokens, strict=True)):
             entry = None
