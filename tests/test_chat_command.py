@@ -2,7 +2,7 @@
 UTF-8, Ctrl-C while an answer streams or at the prompt, and the status line's prefix-cache count.
 
 The tiny model has no chat template, so the command sends ``role: content`` lines
-(:data:`~paged_attention.cli.chat.PLAIN_TEMPLATE`). Its text is gibberish; what is checked is what
+(:data:`~paged_attention.engine.chat.PLAIN_TEMPLATE`). Its text is gibberish; what is checked is what
 the command does around it."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import re
 import pytest
 import torch
 
-from paged_attention.cli.chat import PLAIN_TEMPLATE, run_chat
+from paged_attention.cli.chat import run_chat
 from paged_attention.cli.main import main
-from paged_attention.engine.chat import render_chat
+from paged_attention.engine.chat import PLAIN_TEMPLATE, render_chat
 from paged_attention.engine.llm_engine import LLMEngine
 from paged_attention.engine.outputs import RequestOutput
 from paged_attention.models import DEFAULT_MODEL_NAME as TINY

@@ -2,7 +2,7 @@
 
     kernels   memory   models          (import nothing of the package but the shared helpers)
         ^        ^       ^
-        +------ engine --+  <- baselines <- experiments <- viz, lab <- cli
+        +------ engine --+  <- serving, baselines <- experiments <- viz, lab <- cli
 
 ``kernels`` knows only tensors, ``memory`` only bookkeeping (not even torch), ``models`` only where
 weights come from; ``engine`` serves with the three and never imports the apparatus around it
@@ -27,13 +27,14 @@ ALLOWED = {
     "memory": {"memory"},
     "models": {"models"},
     "engine": CORE,
+    "serving": {"serving", *CORE},
     "baselines": {"baselines", *CORE},
-    "experiments": {"experiments", "baselines", *CORE},
-    "viz": {"viz", "experiments", "baselines", *CORE},
-    "lab": {"lab", "experiments", "baselines", *CORE},
-    "cli": {"cli", "lab", "viz", "experiments", "baselines", *CORE},
+    "experiments": {"experiments", "baselines", "serving", *CORE},
+    "viz": {"viz", "experiments", "baselines", "serving", *CORE},
+    "lab": {"lab", "experiments", "baselines", "serving", *CORE},
+    "cli": {"cli", "lab", "viz", "experiments", "baselines", "serving", *CORE},
 }
-NOTEBOOK_ALLOWED = {"lab", "viz", "experiments", "baselines", *CORE}
+NOTEBOOK_ALLOWED = {"lab", "viz", "experiments", "baselines", "serving", *CORE}
 
 
 def package_imports(source: str, path: Path) -> set[str]:

@@ -32,18 +32,13 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ..engine.chat import render_chat
+from ..engine.chat import PLAIN_TEMPLATE, render_chat
 from ..engine.llm_engine import LLMEngine
 from ..engine.sampling import RequestOutputKind, SamplingParams
 from ._threads import set_threads
 
 Message = dict[str, str]
 
-#: For a tokenizer without a chat template of its own: each message as ``role: content``.
-PLAIN_TEMPLATE = (
-    "{{ bos_token or '' }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant:{% endif %}"
-)
 _SURROGATES = re.compile("[\ud800-\udfff]")  # undecodable bytes read with errors="surrogateescape"
 
 

@@ -9,6 +9,7 @@
   ``figures/<name>.png`` and the JSON behind it; each measures side by side.
 * ``figures``: regenerate every figure under ``figures/`` by running the notebooks that draw them.
 * ``model fetch``: fetch and convert the real model (SmolLM2-135M-Instruct) once; ``make install`` runs it.
+* ``serve``: the OpenAI-compatible server (FastAPI + uvicorn) on 127.0.0.1; ``serve --help`` for its options.
 * ``chat``: a terminal chat with the real model, streaming tokens and showing the KV blocks in use.
 * ``compat``: print the README's vLLM compatibility table (from :mod:`paged_attention.engine.compatibility`).
 * ``lab``: the course lab: ``list`` the exercises, ``build`` the student notebooks, ``grade`` them.
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = sub.add_parser("figures", help="regenerate figures/ from the notebooks")
     figures.add_argument("--timeout", type=int, default=600, help="seconds allowed per notebook")
     figures.add_argument("--notebooks-only", action="store_true", help="skip the experiments (bench ...)")
+    sub.add_parser("serve", help="the OpenAI-compatible server (serve --help)", add_help=False)
     sub.add_parser("compat", help="print the README's vLLM compatibility table")
     sub.add_parser("lab", help="course lab: list, build, grade", add_help=False)
     sub.add_parser("model", help="the real model's cache: fetch, path", add_help=False)
@@ -103,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench",
         "lab",
         "model",
+        "serve",
     ):  # bench passes the rest to the benchmark's own parser
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
@@ -131,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
 
         module = importlib.import_module(f".bench.{opts.name.replace('-', '_')}", __package__)
         module.main(rest)
+    elif opts.command == "serve":
+        from .serve import main as serve_main
+
+        serve_main(rest)
     elif opts.command == "model":
         from .model import main as model_main
 

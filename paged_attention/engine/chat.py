@@ -16,10 +16,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["as_conversations", "render_chat"]
+__all__ = ["PLAIN_TEMPLATE", "as_conversations", "render_chat"]
 
 Message = Mapping[str, Any]
 Conversation = Sequence[Message]
+
+#: For a tokenizer without a chat template of its own: each message as ``role: content``.
+PLAIN_TEMPLATE = (
+    "{{ bos_token or '' }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 def _content_text(content: object, where: str) -> str:

@@ -274,13 +274,17 @@ class LLMEngine:
         return outputs
 
     def _step(self, transaction: StepTransaction) -> list[RequestOutput]:
-        start = time.perf_counter()
+        start, started = time.perf_counter(), time.monotonic()
         out = self.scheduler.schedule()
         transaction.protect()  # before the step writes any K/V
         scheduled_at = time.perf_counter()
         logits = self._execute(out)
         update, computed = StepUpdate(), {s.seq.seq_id: s.num_new_tokens for s in out.scheduled}
         drawn = self._sample(out, logits, update)
+        for s in out.scheduled:  # the queued interval ends when a request is first scheduled
+            metrics = self._requests[s.seq.request_id].metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = started
         now = time.monotonic()
         for request_id, request in self._requests.items():  # every request: a beam search may be
             request.decide(drawn.get(request_id, []), update, computed, now)  # ready without a row

@@ -13,8 +13,11 @@ nothing). What is counted:
   ``vllm:kv_cache_usage_perc`` (a fraction, as vLLM's despite the name);
 * histograms, one observation per finished request (seconds, or tokens):
   ``vllm:time_to_first_token_seconds``, ``vllm:e2e_request_latency_seconds``,
-  ``vllm:request_prompt_tokens``, ``vllm:request_generation_tokens``, and per step
-  ``vllm:iteration_tokens_total``; ``vllm:inter_token_latency_seconds`` per request's mean gap.
+  ``vllm:request_queue_time_seconds`` (arrival to first scheduled), ``vllm:request_prompt_tokens``,
+  ``vllm:request_generation_tokens``, ``vllm:request_time_per_output_token_seconds`` (a request's
+  mean gap between output tokens, TPOT), and per step ``vllm:iteration_tokens_total``;
+  ``vllm:inter_token_latency_seconds`` also observes each request's mean gap, where vLLM observes
+  every gap (the engine keeps no per-token times).
 """
 
 from __future__ import annotations
@@ -97,6 +100,8 @@ class EngineMetrics:
             "vllm:time_to_first_token_seconds": _Histogram(SECONDS),
             "vllm:inter_token_latency_seconds": _Histogram(SECONDS),
             "vllm:e2e_request_latency_seconds": _Histogram(SECONDS),
+            "vllm:request_queue_time_seconds": _Histogram(SECONDS),
+            "vllm:request_time_per_output_token_seconds": _Histogram(SECONDS),
             "vllm:request_prompt_tokens": _Histogram(TOKENS),
             "vllm:request_generation_tokens": _Histogram(TOKENS),
             "vllm:iteration_tokens_total": _Histogram(TOKENS),
@@ -130,9 +135,12 @@ class EngineMetrics:
             h["vllm:time_to_first_token_seconds"].observe(m.time_to_first_token)
         if m.finished_time is not None:
             h["vllm:e2e_request_latency_seconds"].observe(m.finished_time - m.arrival_time)
-        itl = m.time_per_output_token(m.num_output_tokens)
-        if itl is not None:
-            h["vllm:inter_token_latency_seconds"].observe(itl)
+        if m.queue_time is not None:
+            h["vllm:request_queue_time_seconds"].observe(m.queue_time)
+        tpot = m.time_per_output_token(m.num_output_tokens)
+        if tpot is not None:
+            h["vllm:inter_token_latency_seconds"].observe(tpot)
+            h["vllm:request_time_per_output_token_seconds"].observe(tpot)
 
     def read(self, scheduler: Scheduler, cache_manager: KVCacheManager) -> list[Metric]:
         """The records: the gauges read now from the scheduler and the cache manager (as are the

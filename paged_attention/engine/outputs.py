@@ -36,10 +36,16 @@ class RequestMetrics:
     """Wall-clock times of a request (seconds from ``time.monotonic``)."""
 
     arrival_time: float
+    first_scheduled_time: float | None = None  # the start of the first step that computed any of it
     first_token_time: float | None = None
     finished_time: float | None = None
     num_preemptions: int = 0
     num_output_tokens: int = 0  # so far (a DELTA output holds only this step's)
+
+    @property
+    def queue_time(self) -> float | None:
+        """Seconds from arrival to the first step that scheduled it (vLLM's queued interval)."""
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
 
     @property
     def time_to_first_token(self) -> float | None:

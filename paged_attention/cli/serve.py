@@ -1,0 +1,93 @@
+"""``python -m paged_attention serve``: the OpenAI-compatible server (see :mod:`paged_attention.serving`).
+
+The engine is built as the experiments build theirs
+(:func:`~paged_attention.baselines.engines.baseline_engine`), so ``--kv-manager max|pow2|oracle`` serves the contiguous baselines through the very same scheduler
+and server, in the same KV bytes as the paged cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from ..baselines.engines import KV_MANAGERS, baseline_engine
+from ..engine.chat import PLAIN_TEMPLATE
+from ..serving import AsyncLLM, build_app
+from ..serving.launch import LOCALHOST, run
+from ._threads import set_threads
+
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m paged_attention serve", description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--model", default=SMOLLM2, help=f"checkpoint folder, cached hub name, or tiny (default {SMOLLM2})"
+    )
+    p.add_argument("--served-model-name", default=None, help="the name clients ask for (default: --model)")
+    p.add_argument("--host", default=LOCALHOST, help="default 127.0.0.1 (this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--kv-manager",
+        choices=KV_MANAGERS,
+        default="paged",
+        help="paged (default), or a contiguous baseline in the same KV bytes",
+    )
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="the KV budget in blocks")
+    p.add_argument("--kv-cache-memory", type=int, default=None, help="the KV budget in bytes")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument(
+        "--max-waiting",
+        type=int,
+        default=None,
+        help="requests that may wait to start before new ones get 503 (default: no limit)",
+    )
+    p.add_argument("--preemption-mode", choices=("recompute", "swap"), default="recompute")
+    p.add_argument("--no-enable-prefix-caching", action="store_true")
+    p.add_argument("--chat-template", default=None, help="a Jinja file for models without a template")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: 2, 1 if busy)")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    return p
+
+
+def main(args: list[str] | None = None) -> None:
+    opts = parser().parse_args(args)
+    logging.basicConfig(level=opts.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    threads = set_threads(opts.threads)
+    model = None if opts.model == "tiny" else opts.model
+    engine = baseline_engine(
+        model,
+        kv_manager=opts.kv_manager,
+        block_size=opts.block_size,
+        num_kv_blocks=opts.num_kv_blocks,
+        kv_cache_memory=opts.kv_cache_memory,
+        max_num_seqs=opts.max_num_seqs,
+        max_num_batched_tokens=opts.max_num_batched_tokens,
+        max_model_len=opts.max_model_len,
+        preemption_mode=opts.preemption_mode,
+        enable_prefix_caching=not opts.no_enable_prefix_caching,
+        dtype=opts.dtype,
+        seed=opts.seed,
+    )
+    template = None
+    if opts.chat_template:
+        with open(opts.chat_template) as f:
+            template = f.read()
+    elif not getattr(engine.tokenizer, "chat_template", None):
+        template = PLAIN_TEMPLATE
+        print("this model has no chat template: chats use a plain 'role: content' one (--chat-template FILE)")
+    name = opts.served_model_name or opts.model
+    manager = engine.cache_manager
+    print(
+        f"serving {name} on http://{opts.host}:{opts.port} ({opts.kv_manager} KV cache: "
+        f"{manager.num_blocks} blocks of {manager.block_size} tokens, max_model_len {engine.max_model_len}, "
+        f"max_num_seqs {opts.max_num_seqs}, torch threads {threads})",
+        flush=True,
+    )
+    app = build_app(AsyncLLM(engine, opts.max_waiting), name, template)
+    run(app, opts.host, opts.port, opts.log_level)

@@ -1,0 +1,378 @@
+"""The OpenAI-compatible HTTP server (FastAPI + uvicorn, the stack of ``vllm serve``).
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both stream with server-sent
+events when ``"stream": true``, ending with ``data: [DONE]``), ``GET /v1/models``, ``GET /health``,
+``POST /tokenize``, ``GET /metrics`` (Prometheus), ``GET /version``.
+
+The path of one request: the body is checked (:mod:`.protocol`); a chat is rendered by the chat
+template with the front's own tokenizer (vLLM's front process has its own too); each prompt is
+added to the engine through :class:`~.async_llm.AsyncLLM` (one engine request per prompt, ``n``
+samples each); the engine's deltas become OpenAI chunks (:mod:`.responses`). A client that goes
+away mid-request (streaming or not) has its requests aborted before the next step. Every refusal
+is OpenAI's error body (:mod:`.errors`): 400 for a bad field (named in ``param``), 404 for an
+unknown model or route, 503 when ``max_waiting`` requests are already waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from .. import __version__
+from ..engine.chat import as_conversations, render_chat
+from ..engine.outputs import RequestOutput
+from ..engine.params import SamplingParams
+from .async_llm import AsyncLLM, EngineDead, EngineOverloaded, RequestStream
+from .errors import APIError, engine_error, error_body
+from .metrics import CONTENT_TYPE, prometheus_text
+from .protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
+from .responses import Choice, envelope, new_id, usage
+
+log = logging.getLogger("paged_attention.serving")
+
+
+def build_app(llm: AsyncLLM, model_name: str, chat_template: str | None = None) -> FastAPI:
+    """The server's app over ``llm`` (started and stopped with the app's lifespan), answering to
+    ``model_name``; ``chat_template`` replaces the tokenizer's own (needed by models without one)."""
+    engine = llm.engine
+    tokenizer = copy.deepcopy(engine.tokenizer)  # the front's own: the engine loop uses its copy
+    defaults = dict(engine.sampling_defaults)
+    max_model_len = engine.max_model_len
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await llm.start()
+        try:
+            yield
+        finally:
+            await llm.shutdown()
+
+    app = FastAPI(title="paged-attention", version=__version__, lifespan=lifespan)
+    app.state.llm = llm
+    app.state.model_name = model_name
+
+    # -- errors: always OpenAI's body ----------------------------------------------------------------
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, err: APIError) -> JSONResponse:
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        return JSONResponse(_validation_body(err), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, err: HTTPException) -> JSONResponse:
+        return JSONResponse(error_body(str(err.detail), err.status_code), status_code=err.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal(_: Request, err: Exception) -> JSONResponse:  # pragma: no cover - a bug
+        log.exception("internal error")
+        return JSONResponse(error_body(f"internal error: {type(err).__name__}: {err}", 500), status_code=500)
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != model_name:
+            raise APIError(
+                f"The model `{name}` does not exist (this server serves `{model_name}`).", 404, "model"
+            )
+
+    # -- the OpenAI routes ------------------------------------------------------------------------------
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = {
+            "id": model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "paged-attention",
+            "root": model_name,
+            "parent": None,
+            "max_model_len": max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request) -> Response:
+        check_model(body.model)
+        params = body.to_sampling_params(defaults)
+        prompts: list[Any] = body.prompts()
+        return await _serve(raw, llm, prompts, params, body, "cmpl", "text_completion", model_name)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, raw: Request) -> Response:
+        check_model(body.model)
+        params = body.to_sampling_params(defaults)
+        prompt = _render(
+            tokenizer,
+            body.messages,
+            body.add_generation_prompt,
+            body.continue_final_message,
+            chat_template,
+            body.chat_template_kwargs,
+        )
+        return await _serve(raw, llm, [prompt], params, body, "chatcmpl", "chat.completion", model_name)
+
+    # -- vLLM's extra routes -------------------------------------------------------------------------------
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if llm.is_running else 503)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": __version__}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict:
+        check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError("give exactly one of prompt and messages", 400, "prompt")
+        if body.messages is not None:
+            ids = _render(tokenizer, body.messages, body.add_generation_prompt, False, chat_template, None)[
+                "prompt_token_ids"
+            ]
+        else:
+            ids = list(tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"])
+        out = {"count": len(ids), "max_model_len": max_model_len, "tokens": ids}
+        if body.return_token_strs:
+            out["token_strs"] = tokenizer.convert_ids_to_tokens(ids)
+        return out
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        records = await llm.call(lambda e: e.get_metrics())
+        return Response(prometheus_text(records, model_name), media_type=CONTENT_TYPE)
+
+    return app
+
+
+def _render(
+    tokenizer: Any,
+    messages: list,
+    add_generation_prompt: bool,
+    continue_final: bool,
+    chat_template: str | None,
+    kwargs: dict | None,
+) -> dict:
+    """A conversation as an engine prompt (text and ids), or a 400 naming ``messages``."""
+    try:
+        [conversation] = as_conversations(messages)
+        return render_chat(
+            tokenizer, conversation, add_generation_prompt, continue_final, chat_template, kwargs
+        )
+    except (ValueError, TypeError) as err:
+        raise APIError(str(err), 400, "messages") from err
+
+
+def _validation_body(err: RequestValidationError) -> dict:
+    """Pydantic's first complaint as OpenAI's error: the field (``param``) and what was wrong."""
+    first = err.errors()[0] if err.errors() else {}
+    if first.get("type") == "json_invalid":
+        return error_body(f"the request body is not valid JSON: {first.get('msg', '')}", 400)
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    # a union reports each branch it tried ("prompt.str", "prompt.list[int].0"): name the field
+    field = loc[0] if loc else None
+    given = first.get("input")
+    shown = json.dumps(given)[:80] if given is not None else "nothing"
+    where = ".".join(p for p in loc if not p.startswith(("str", "list[", "dict[", "int", "float", "bool")))
+    return error_body(f"{where or 'the body'}: {first.get('msg', 'invalid')} (got {shown})", 400, field)
+
+
+async def _serve(
+    raw: Request,
+    llm: AsyncLLM,
+    prompts: list[Any],
+    params: SamplingParams,
+    body: CompletionRequest | ChatCompletionRequest,
+    prefix: str,
+    kind: str,
+    model_name: str,
+) -> Response:
+    """Add every prompt, then stream or gather their outputs (see the module docstring)."""
+    response_id = new_id(prefix)
+    chat = kind == "chat.completion"
+    streams = await _add_all(llm, prompts, params, response_id, "messages" if chat else "prompt")
+    top = None if params.logprobs is None else params.logprobs
+    choices = [Choice(i * params.n + j, chat, top) for i in range(len(prompts)) for j in range(params.n)]
+    prompt_tokens = [0] * len(prompts)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        continuous = bool(body.stream_options and body.stream_options.continuous_usage_stats)
+        events = _events(
+            raw,
+            streams,
+            choices,
+            prompt_tokens,
+            params.n,
+            response_id,
+            kind + (".chunk" if chat else ""),
+            model_name,
+            include_usage,
+            continuous,
+        )
+        return StreamingResponse(events, media_type="text/event-stream")
+
+    async def gather() -> None:
+        async for index, output in _merged(streams):
+            prompt_tokens[index] = len(output.prompt_token_ids)
+            for delta in output.outputs:
+                choices[index * params.n + delta.index].add(delta)
+
+    await _until_disconnect(raw, gather, streams)
+    completion_tokens = sum(len(c.token_ids) for c in choices)
+    return JSONResponse(
+        {
+            **envelope(kind, response_id, model_name),
+            "choices": [c.whole() for c in choices],
+            "usage": usage(sum(prompt_tokens), completion_tokens),
+        }
+    )
+
+
+async def _add_all(
+    llm: AsyncLLM, prompts: list[Any], params: SamplingParams, response_id: str, prompt_field: str
+) -> list[RequestStream]:
+    """One engine request per prompt, all or none: a refused prompt aborts those already added."""
+    streams: list[RequestStream] = []
+    try:
+        for i, prompt in enumerate(prompts):
+            try:
+                streams.append(await llm.add_request(prompt, params, f"{response_id}-{i}"))
+            except (ValueError, TypeError) as err:
+                error = engine_error(err, prompt_field)
+                if len(prompts) > 1:
+                    error.message = f"prompt {i}: {error.message}"
+                raise error from err
+    except EngineOverloaded as err:
+        raise APIError(str(err), 503) from err
+    except EngineDead as err:
+        raise APIError(str(err), 503) from err
+    except BaseException:
+        for stream in streams:
+            stream.close()
+        raise
+    return streams
+
+
+async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """The outputs of several streams as they come, each with its stream's index."""
+    if len(streams) == 1:
+        async for output in streams[0]:
+            yield 0, output
+        return
+    merged: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, stream: RequestStream) -> None:
+        try:
+            async for output in stream:
+                await merged.put((index, output))
+        except BaseException as err:
+            await merged.put((index, err))
+        finally:
+            await merged.put((index, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        open_streams = len(streams)
+        while open_streams:
+            index, item = await merged.get()
+            if item is None:
+                open_streams -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _until_disconnect(
+    raw: Request, work: Callable[[], Awaitable[None]], streams: list[RequestStream]
+) -> None:
+    """Run ``work``; if the client disconnects first, close (abort) ``streams`` and stop."""
+    task = asyncio.ensure_future(work())
+    watcher = asyncio.ensure_future(_disconnected(raw))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            for stream in streams:
+                stream.close()
+        watcher.cancel()
+    if task.cancelled():
+        raise asyncio.CancelledError("the client disconnected")
+    task.result()
+
+
+async def _disconnected(raw: Request) -> None:
+    """Return when the client goes away (the body was read: what comes next is the disconnect)."""
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _events(
+    raw: Request,
+    streams: list[RequestStream],
+    choices: list[Choice],
+    prompt_tokens: list[int],
+    n: int,
+    response_id: str,
+    kind: str,
+    model_name: str,
+    include_usage: bool,
+    continuous: bool,
+) -> AsyncIterator[str]:
+    """The server-sent events of a streamed response; the streams are closed (aborted if
+    unfinished) whatever ends it, a client disconnect included."""
+    head = envelope(kind, response_id, model_name)
+    chat = kind.startswith("chat")
+    watcher = asyncio.ensure_future(_disconnected(raw))
+    watcher.add_done_callback(lambda w: w.cancelled() or [s.close() for s in streams])
+    try:
+        if chat:  # the assistant's role first, one chunk per choice (as OpenAI and vLLM do)
+            for choice in choices:
+                role = {
+                    "index": choice.index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+                yield _sse({**head, "choices": [role]})
+        async for index, output in _merged(streams):
+            prompt_tokens[index] = len(output.prompt_token_ids)
+            for delta in output.outputs:
+                part = choices[index * n + delta.index].add(delta)
+                if part is None:
+                    continue
+                chunk = {**head, "choices": [part]}
+                if continuous:
+                    chunk["usage"] = usage(sum(prompt_tokens), sum(len(c.token_ids) for c in choices))
+                yield _sse(chunk)
+        if include_usage:
+            yield _sse(
+                {
+                    **head,
+                    "choices": [],
+                    "usage": usage(sum(prompt_tokens), sum(len(c.token_ids) for c in choices)),
+                }
+            )
+    except (APIError, RuntimeError) as err:  # the engine failed mid-stream: say so in the stream
+        yield _sse(error_body(str(err), getattr(err, "status", 500)))
+    finally:
+        watcher.cancel()
+        for stream in streams:
+            stream.close()
+    yield "data: [DONE]\n\n"
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"

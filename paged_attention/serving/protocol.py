@@ -1,0 +1,183 @@
+"""The request bodies of OpenAI's API as vLLM serves them, checked by pydantic, and their engine form.
+
+Types are checked strictly (``"temperature": "0.7"`` is refused, as a number is asked for); values
+are checked where the offline API checks them, by :class:`~paged_attention.engine.params.SamplingParams`
+and ``LLMEngine.add_request``, so that the server and ``LLM.generate`` accept and refuse the same
+things. Fields the server does not know are ignored, as vLLM ignores them; the ones it knows but
+cannot honour (``echo``, ``suffix``, ``tools``) are refused by name.
+
+Defaults: a field left out takes the model's generation-config default (``LLMEngine.sampling_defaults``,
+vLLM's ``generation_config="auto"``), then vLLM's. ``max_tokens`` left out is 16 for completions
+(OpenAI's default) and the room left in ``max_model_len`` for chat (vLLM's).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..engine.params import RequestOutputKind, SamplingParams
+from .errors import APIError, engine_error
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    include_usage: bool = False  # a last chunk with the whole request's usage, its choices empty
+    continuous_usage_stats: bool = False  # usage so far in every chunk
+
+
+class _Generation(BaseModel):
+    """The fields both endpoints share."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    def sampling_params(
+        self, defaults: dict[str, Any], max_tokens: int | None, logprobs: int | None, **extra: Any
+    ) -> SamplingParams:
+        """The engine's parameters (streamed as deltas); a bad value is a 400 naming its field."""
+        if self.stream_options is not None and not self.stream:
+            raise APIError("stream_options is only allowed when stream is true", 400, "stream_options")
+        given = self.model_dump(
+            include={
+                "temperature",
+                "top_p",
+                "top_k",
+                "min_p",
+                "presence_penalty",
+                "frequency_penalty",
+                "repetition_penalty",
+                "seed",
+            },
+            exclude_none=True,
+        )
+        # the generation config's max_new_tokens is not used: a request's max_tokens is its own
+        kwargs = {**{k: v for k, v in defaults.items() if k != "max_tokens"}, **given}
+        try:
+            return SamplingParams(
+                **kwargs,
+                n=self.n,
+                max_tokens=max_tokens,
+                stop=self.stop,
+                stop_token_ids=self.stop_token_ids,
+                ignore_eos=self.ignore_eos,
+                min_tokens=self.min_tokens,
+                skip_special_tokens=self.skip_special_tokens,
+                include_stop_str_in_output=self.include_stop_str_in_output,
+                logit_bias=_logit_bias(self.logit_bias),
+                logprobs=logprobs,
+                output_kind=RequestOutputKind.DELTA,
+                **extra,
+            )
+        except (ValueError, TypeError) as err:
+            raise engine_error(err) from err
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's ``{"token id as a string": bias}`` as the engine's ``{token_id: bias}``."""
+    if bias is None:
+        return None
+    out = {}
+    for key, value in bias.items():
+        if not key.isdigit():
+            raise APIError(f"logit_bias keys must be token ids (digits), got {key!r}", 400, "logit_bias")
+        out[int(key)] = value
+    return out
+
+
+class CompletionRequest(_Generation):
+    """``POST /v1/completions``: one prompt (a string or token ids) or a list of them."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    best_of: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+
+    def prompts(self) -> list[str | dict[str, list[int]]]:
+        """The engine prompts: strings, or ``{"prompt_token_ids": [...]}`` for token ids."""
+        if self.echo:
+            raise APIError("echo is not supported by this server", 400, "echo")
+        if self.suffix is not None:
+            raise APIError("suffix is not supported by this server", 400, "suffix")
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if not prompt:
+            raise APIError("prompt must not be an empty list", 400, "prompt")
+        if all(isinstance(p, int) for p in prompt):
+            return [{"prompt_token_ids": list(prompt)}]  # type: ignore[arg-type]
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)  # type: ignore[arg-type]
+        if all(isinstance(p, list) for p in prompt):
+            return [{"prompt_token_ids": p} for p in prompt]  # type: ignore[misc]
+        raise APIError(
+            "prompt must be a string, a list of strings, token ids, or lists of token ids", 400, "prompt"
+        )
+
+    def to_sampling_params(self, defaults: dict[str, Any]) -> SamplingParams:
+        return self.sampling_params(defaults, self.max_tokens, self.logprobs, best_of=self.best_of)
+
+
+class ChatCompletionRequest(_Generation):
+    """``POST /v1/chat/completions``: a conversation, answered by the assistant."""
+
+    messages: list[dict[str, Any]]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def to_sampling_params(self, defaults: dict[str, Any]) -> SamplingParams:
+        if self.tools:
+            raise APIError("tools (function calling) are not supported by this server", 400, "tools")
+        if self.response_format is not None and self.response_format.get("type", "text") != "text":
+            raise APIError(
+                "response_format must be {'type': 'text'} here (no structured output)", 400, "response_format"
+            )
+        if self.top_logprobs and not self.logprobs:
+            raise APIError("top_logprobs needs logprobs set to true", 400, "top_logprobs")
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return self.sampling_params(defaults, max_tokens, logprobs)
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize`` (vLLM's): a prompt, or a conversation rendered by the chat template."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False

@@ -1,0 +1,129 @@
+"""Engine outputs as OpenAI's response bodies and stream chunks (vLLM's shapes).
+
+The engine streams each request as deltas (``RequestOutputKind.DELTA``): every step, the new text
+and tokens of each of its samples. A :class:`Choice` gathers one sample's deltas and turns each into
+what OpenAI's API sends: a ``text_completion`` / ``chat.completion.chunk`` choice while streaming,
+or, at the end, the whole choice of a ``text_completion`` / ``chat.completion``. Choices are numbered
+``prompt_index * n + sample_index``, as vLLM numbers them for a list of prompts.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.logprobs import Logprob
+from ..engine.outputs import CompletionOutput
+
+#: JSON has no -inf: a token the filters removed gets this log-probability (vLLM's value).
+MIN_LOGPROB = -9999.0
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _value(logprob: Logprob) -> float:
+    return max(logprob.logprob, MIN_LOGPROB)
+
+
+def _token(token_id: int, logprob: Logprob) -> str:
+    return logprob.decoded_token if logprob.decoded_token is not None else f"token_id:{token_id}"
+
+
+@dataclass
+class Choice:
+    """One sample's progress: what was sent, what is new (see the module docstring)."""
+
+    index: int
+    chat: bool
+    top_logprobs: int | None  # None: no logprobs asked for
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def add(self, delta: CompletionOutput) -> dict[str, Any] | None:
+        """Take one delta; return the stream chunk's choice for it (``None`` if it adds nothing
+        a client sees: no text and no finish)."""
+        first_text_offset = len(self.text)
+        self.text += delta.text
+        self.token_ids += delta.token_ids
+        new_logprobs = list(delta.logprobs or [])
+        self.logprobs += new_logprobs
+        if delta.finish_reason is not None:
+            self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
+        if not delta.text and delta.finish_reason is None:
+            return None
+        logprobs = self._logprobs(delta.token_ids, new_logprobs, first_text_offset)
+        if self.chat:
+            return {
+                "index": self.index,
+                "delta": {"content": delta.text} if delta.text else {},
+                "logprobs": logprobs,
+                "finish_reason": delta.finish_reason,
+                "stop_reason": delta.stop_reason,
+            }
+        return {
+            "index": self.index,
+            "text": delta.text,
+            "logprobs": logprobs,
+            "finish_reason": delta.finish_reason,
+            "stop_reason": delta.stop_reason,
+        }
+
+    def whole(self) -> dict[str, Any]:
+        """The finished choice of a non-streamed response."""
+        logprobs = self._logprobs(self.token_ids, self.logprobs, 0)
+        base = {
+            "index": self.index,
+            "logprobs": logprobs,
+            "finish_reason": self.finish_reason,
+            "stop_reason": self.stop_reason,
+        }
+        if self.chat:
+            return {**base, "message": {"role": "assistant", "content": self.text}}
+        return {**base, "text": self.text}
+
+    def _logprobs(self, token_ids: list[int], entries: list[dict[int, Logprob]], text_offset: int) -> Any:
+        if self.top_logprobs is None:
+            return None
+        if self.chat:
+            return {"content": [self._chat_entry(t, e) for t, e in zip(token_ids, entries, strict=True)]}
+        tokens, values, tops, offsets = [], [], [], []
+        for token_id, entry in zip(token_ids, entries, strict=True):
+            chosen = entry[token_id]
+            tokens.append(_token(token_id, chosen))
+            values.append(_value(chosen))
+            tops.append({_token(t, lp): _value(lp) for t, lp in self._top(entry)} or None)
+            offsets.append(text_offset)
+            text_offset += len(chosen.decoded_token or "")
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+    def _top(self, entry: dict[int, Logprob]) -> list[tuple[int, Logprob]]:
+        """The ``top_logprobs`` most likely tokens of a position, most likely first."""
+        ranked = sorted(entry.items(), key=lambda item: item[1].rank or 0)
+        return [(t, lp) for t, lp in ranked if lp.rank is not None and lp.rank <= (self.top_logprobs or 0)]
+
+    def _chat_entry(self, token_id: int, entry: dict[int, Logprob]) -> dict[str, Any]:
+        def one(t: int, lp: Logprob) -> dict[str, Any]:
+            text = _token(t, lp)
+            return {"token": text, "logprob": _value(lp), "bytes": list(text.encode("utf-8"))}
+
+        return {**one(token_id, entry[token_id]), "top_logprobs": [one(t, lp) for t, lp in self._top(entry)]}
+
+
+def envelope(kind: str, response_id: str, model: str, created: int | None = None) -> dict[str, Any]:
+    """The fields every response and chunk starts with."""
+    return {"id": response_id, "object": kind, "created": created or int(time.time()), "model": model}
