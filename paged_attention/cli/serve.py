@@ -1,8 +1,9 @@
 """``python -m paged_attention serve``: the OpenAI-compatible server (see :mod:`paged_attention.serving`).
 
 The engine is built as the experiments build theirs
-(:func:`~paged_attention.baselines.engines.baseline_engine`), so ``--kv-manager max|pow2|oracle`` serves the contiguous baselines through the very same scheduler
-and server, in the same KV bytes as the paged cache.
+(:func:`~paged_attention.baselines.engines.baseline_engine`), so ``--kv-manager max|pow2|oracle``
+serves the contiguous baselines through the very same scheduler and server, in the same KV bytes
+as the paged cache.
 """
 
 from __future__ import annotations
