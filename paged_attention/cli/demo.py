@@ -24,36 +24,10 @@ from tqdm.auto import tqdm
 from ..baselines.engines import baseline_engine
 from ..engine.chat import render_chat
 from ..engine.sampling import RequestOutputKind, SamplingParams
+from ..experiments.prompts import QUESTIONS
 from ..models import load_model
 from ..models.pretrained import SMOLLM2, find_pretrained
 from ._threads import set_threads
-
-QUESTIONS = (
-    "What is the capital of France? Answer in one sentence.",
-    "Name three primary colors.",
-    "Why is the sky blue? Answer briefly.",
-    "Give me a synonym for 'happy'.",
-    "What does a CPU do? One sentence.",
-    "Write a haiku about the sea.",
-    "How many legs does a spider have?",
-    "What is 12 times 12?",
-    "Suggest a name for a pet goldfish.",
-    "What is photosynthesis? Explain in two sentences.",
-    "Translate 'good morning' into Spanish.",
-    "What is the boiling point of water in Celsius?",
-    "List two benefits of regular exercise.",
-    "Who wrote Romeo and Juliet?",
-    "What is a computer's memory used for? Answer briefly.",
-    "Give one tip for learning a new language.",
-    "What is the largest planet in our solar system?",
-    "Describe a cat in one sentence.",
-    "What is the opposite of 'cold'?",
-    "Why do we need sleep? Answer briefly.",
-    "What is the chemical symbol for gold?",
-    "Name a fruit that is yellow.",
-    "How do airplanes stay in the air? One sentence.",
-    "What is the freezing point of water in Fahrenheit?",
-)
 
 
 def _serve(engine, prompts: list[dict], params: SamplingParams, label: str) -> dict:

@@ -30,6 +30,8 @@ BENCHMARKS = (
     "latency",
     "block-size",
     "sharing",
+    "serve",
+    "serve-sweep",
 )
 
 

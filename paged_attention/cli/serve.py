@@ -13,6 +13,7 @@ import logging
 
 from ..baselines.engines import KV_MANAGERS, baseline_engine
 from ..engine.chat import PLAIN_TEMPLATE
+from ..engine.llm_engine import LLMEngine
 from ..serving import AsyncLLM, build_app
 from ..serving.launch import LOCALHOST, run
 from ._threads import set_threads
@@ -56,12 +57,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(args: list[str] | None = None) -> None:
-    opts = parser().parse_args(args)
-    logging.basicConfig(level=opts.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    threads = set_threads(opts.threads)
+def build_engine(opts: argparse.Namespace) -> LLMEngine:
+    """The engine a ``serve`` command line asks for (also what ``bench serve --compare-offline``
+    builds to serve the same requests offline)."""
     model = None if opts.model == "tiny" else opts.model
-    engine = baseline_engine(
+    return baseline_engine(
         model,
         kv_manager=opts.kv_manager,
         block_size=opts.block_size,
@@ -75,6 +75,13 @@ def main(args: list[str] | None = None) -> None:
         dtype=opts.dtype,
         seed=opts.seed,
     )
+
+
+def main(args: list[str] | None = None) -> None:
+    opts = parser().parse_args(args)
+    logging.basicConfig(level=opts.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    threads = set_threads(opts.threads)
+    engine = build_engine(opts)
     template = None
     if opts.chat_template:
         with open(opts.chat_template) as f:

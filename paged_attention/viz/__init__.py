@@ -8,6 +8,7 @@
   throughput), and each from its experiment's results (``fragmentation_figure(payload)``, ...).
 - :mod:`.sharing`: the prefix tree, memory saved by sharing, prefix-caching speedup, sharing over
   time; the sharing experiments' results as figures and tables.
+- :mod:`.serving`: latency against request rate through the real server, per manager (measured).
 - :mod:`.memory_map`: the same memory maps as text.
 - :mod:`.tables`: results as plain-text tables.
 
@@ -15,7 +16,7 @@ Use ``from paged_attention import viz``, then ``fig = viz.memory.block_map(...)`
 ``viz.save(fig, "block_map")``.
 """
 
-from . import kernels, memory, memory_map, paper, scheduling, sharing, style, tables
+from . import kernels, memory, memory_map, paper, scheduling, serving, sharing, style, tables
 from .style import figures_dir, repo_root, save
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "repo_root",
     "save",
     "scheduling",
+    "serving",
     "sharing",
     "style",
     "tables",

@@ -1,0 +1,28 @@
+"""Real questions for the real model (SmolLM2): `make demo`'s prompts, `bench serve`'s chat workload."""
+
+QUESTIONS = (
+    "What is the capital of France? Answer in one sentence.",
+    "Name three primary colors.",
+    "Why is the sky blue? Answer briefly.",
+    "Give me a synonym for 'happy'.",
+    "What does a CPU do? One sentence.",
+    "Write a haiku about the sea.",
+    "How many legs does a spider have?",
+    "What is 12 times 12?",
+    "Suggest a name for a pet goldfish.",
+    "What is photosynthesis? Explain in two sentences.",
+    "Translate 'good morning' into Spanish.",
+    "What is the boiling point of water in Celsius?",
+    "List two benefits of regular exercise.",
+    "Who wrote Romeo and Juliet?",
+    "What is a computer's memory used for? Answer briefly.",
+    "Give one tip for learning a new language.",
+    "What is the largest planet in our solar system?",
+    "Describe a cat in one sentence.",
+    "What is the opposite of 'cold'?",
+    "Why do we need sleep? Answer briefly.",
+    "What is the chemical symbol for gold?",
+    "Name a fruit that is yellow.",
+    "How do airplanes stay in the air? One sentence.",
+    "What is the freezing point of water in Fahrenheit?",
+)
