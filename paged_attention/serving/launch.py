@@ -13,7 +13,9 @@ All of them listen on 127.0.0.1 unless told otherwise; :func:`free_port` asks th
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -92,7 +94,8 @@ class ServerProcess:
     """``python -m paged_attention serve <args>`` as a child process on 127.0.0.1 and a free port.
 
     Its output goes to ``log`` (a file path) or is discarded. Use it in a ``with`` block, so that
-    the server is stopped however the block ends."""
+    the server is stopped however the block ends; a started server is also stopped when this
+    process exits, and (on Linux) gets SIGTERM if this process dies."""
 
     def __init__(
         self,
@@ -124,7 +127,11 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         output = open(self.log, "w") if self.log else subprocess.DEVNULL  # noqa: SIM115 - the child keeps it
         self.process = subprocess.Popen(
-            self.args, stdout=output, stderr=subprocess.STDOUT, env={**os.environ, **(self.env or {})}
+            self.args,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(self.env or {})},
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         try:
             wait_healthy(self.url, self.startup_timeout, self.process)
@@ -132,6 +139,7 @@ class ServerProcess:
             self.stop()
             tail = Path(self.log).read_text()[-2000:] if self.log else ""
             raise RuntimeError(f"the server did not start: {' '.join(self.args)}\n{tail}") from None
+        atexit.register(self.stop)  # a notebook kernel that ends (or dies) takes its server along
         return self
 
     def stop(self, timeout: float = 20) -> int | None:
@@ -150,3 +158,9 @@ class ServerProcess:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child, before exec
+    """Linux: the child gets SIGTERM when its parent dies, so no server outlives its notebook."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
