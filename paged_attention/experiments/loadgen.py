@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from ..models.corpus import CORPUS
 from .latency_stats import RequestResult, stream_metrics
@@ -110,6 +111,19 @@ async def server_info(client: httpx.AsyncClient) -> tuple[str, int]:
     answer.raise_for_status()
     card = answer.json()["data"][0]
     return card["id"], int(card.get("max_model_len") or 2048)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """A Prometheus text page (``GET /metrics``) as ``{sample: value}``: a sample is its name,
+    then its labels other than ``model_name`` in braces, as in
+    ``vllm:request_success_total{finished_reason=stop}``; a histogram gives ``..._count``,
+    ``..._sum`` and ``..._bucket{le=...}`` samples."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "model_name")
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
 
 
 async def token_pool(client: httpx.AsyncClient, model: str, text: str = CORPUS) -> list[int]:

@@ -51,3 +51,24 @@ def serve_sweep_figure(payload: dict, title: str | None = None) -> Figure:
     )
     fig.tight_layout()
     return fig
+
+
+def metrics_timeline(
+    times: list[float], series: dict[str, list[float]], kv_usage: list[float], title: str = ""
+) -> Figure:
+    """What ``GET /metrics`` said while a burst ran: request counts (running, waiting, ...) above,
+    the KV cache's usage below, against seconds since the burst began."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 4.2), sharex=True, height_ratios=(3, 2))
+    for i, (name, values) in enumerate(series.items()):
+        top.step(times, values, where="post", color=("#2b6cb0", "#e53e3e", "#718096")[i % 3], label=name)
+    top.set_ylabel("requests")
+    top.legend(fontsize=8, frameon=False)
+    bottom.fill_between(times, [100 * u for u in kv_usage], step="post", color="#90cdf4")
+    bottom.set_ylim(0, 100)
+    bottom.set_ylabel("KV blocks used (%)")
+    bottom.set_xlabel("seconds since the burst began")
+    for ax in (top, bottom):
+        ax.spines[["top", "right"]].set_visible(False)
+    top.set_title(title or "A burst, seen through /metrics", fontsize=10)
+    fig.tight_layout()
+    return fig
