@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 
 import pytest
 
@@ -13,7 +14,7 @@ from paged_attention.lab.checking import CheckFailed, run
 from paged_attention.lab.grader import grade_cell, junit_xml, table
 from paged_attention.lab.notebook import LabError, student_notebook
 from paged_attention.lab.registry import UNPLACED_CHECKS
-from tests.lab_answers import kernels, memory, serving
+from tests.lab_answers import kernels, load, memory, serving
 
 # For every exercise: answers written apart from the notebooks, one right (written differently from
 # the notebook's solution) and plausible wrong ones a student might write.
@@ -37,6 +38,27 @@ ANSWERS = {
     ),
     "06.first_fit": (serving.FirstFitRight, [serving.FirstFitNoMerge]),
     "08.block_hashes": (memory.block_hashes_right, [memory.block_hashes_unchained]),
+    "09.stream_metrics": (
+        load.stream_metrics_right,
+        [
+            load.stream_metrics_divides_by_chunks,
+            load.stream_metrics_all_tokens,
+            load.stream_metrics_itl_from_send,
+            load.stream_metrics_e2el_from_first,
+            load.stream_metrics_forgets_send,
+            load.stream_metrics_float32,
+        ],
+    ),
+    "09.arrivals": (
+        load.arrival_times_right,
+        [
+            load.arrival_times_scale_is_mean,
+            load.arrival_times_exponential,
+            load.arrival_times_gaps,
+            load.arrival_times_no_inf,
+            load.arrival_times_unseeded,
+        ],
+    ),
 }
 
 
@@ -67,6 +89,51 @@ def test_a_right_answer_passes(exercise_id: str) -> None:
 def test_a_wrong_answer_fails(exercise_id: str, wrong: object) -> None:
     with pytest.raises(CheckFailed):
         grade(exercise_id, wrong)
+
+
+def test_the_packages_own_load_code_passes_the_load_checks() -> None:
+    """Notebook 09 does not exist yet: its checks are shown to agree with the package's reference
+    code here (which returns a StreamMetrics, not a tuple, and sends the first request after a gap)."""
+    from paged_attention.experiments.latency_stats import stream_metrics
+    from paged_attention.experiments.loadgen import arrival_times
+
+    assert grade("09.stream_metrics", stream_metrics, thorough=True) > 0
+    assert grade("09.arrivals", arrival_times, thorough=True) > 0
+
+
+@pytest.mark.parametrize(
+    "exercise_id, wrong, hint",
+    [
+        ("09.stream_metrics", load.stream_metrics_divides_by_chunks, "not by the number of gaps"),
+        ("09.stream_metrics", load.stream_metrics_all_tokens, "divide by num_tokens - 1"),
+        ("09.stream_metrics", load.stream_metrics_itl_from_send, "is TTFT, not an ITL"),
+        ("09.stream_metrics", load.stream_metrics_e2el_from_first, "not from the first chunk"),
+        ("09.stream_metrics", load.stream_metrics_forgets_send, "subtract send_time"),
+        ("09.stream_metrics", load.stream_metrics_float32, "keep timestamps in float64"),
+        ("09.arrivals", load.arrival_times_scale_is_mean, "theta = 1 / (rate * burstiness)"),
+        ("09.arrivals", load.arrival_times_exponential, "exponential gaps (CV 1) are burstiness = 1 only"),
+        ("09.arrivals", load.arrival_times_gaps, "not the gaps themselves"),
+        ("09.arrivals", load.arrival_times_no_inf, "raised ValueError"),
+        ("09.arrivals", load.arrival_times_unseeded, "random.Random(seed)"),
+    ],
+    ids=lambda x: getattr(x, "__name__", None),
+)
+def test_each_load_mistake_gets_its_own_hint(exercise_id: str, wrong: object, hint: str) -> None:
+    with pytest.raises(CheckFailed, match=re.escape(hint)):
+        grade(exercise_id, wrong)
+
+
+def test_a_crash_in_the_students_code_is_a_failing_case_naming_the_call() -> None:
+    def crashes(send_time, chunk_times, num_tokens):
+        return 1 / 0
+
+    def unfinished(send_time, chunk_times, num_tokens):
+        raise NotImplementedError("Exercise 09.stream_metrics: later")
+
+    with pytest.raises(CheckFailed, match=r"stream_metrics\(0\.0, \[0\.2, .*\) raised ZeroDivisionError"):
+        grade("09.stream_metrics", crashes)
+    with pytest.raises(NotImplementedError, match="later"):
+        grade("09.stream_metrics", unfinished)
 
 
 def test_check_names_the_objects_it_takes() -> None:
