@@ -31,7 +31,7 @@ import httpx
 from ..serving.launch import ServerProcess
 from . import paper
 from .latency_stats import summarize
-from .loadgen import run_load, server_info, sharegpt_workload, token_pool
+from .loadgen import parse_metrics, run_load, server_info, sharegpt_workload, token_pool
 from .serve import sustainable_rate
 
 MANAGERS = ("paged", "oracle", "max")
@@ -52,6 +52,10 @@ SETUP = {
 #: A manager sustains a rate while its mean normalized latency stays under this multiple of the
 #: lowest one measured (the unloaded latency): the cost-model experiment's 2.5x, kept.
 THRESHOLD_FACTOR = 2.5
+#: Read from the server before and after each rate: tokens per engine step (the batch, in decode)
+#: and preemptions, so that each point says how large the batches were.
+STEP_TOKENS = "vllm:iteration_tokens_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
 
 
 def server_args(manager: str, setup: dict) -> list[str]:
@@ -87,16 +91,24 @@ async def _sweep_one(url: str, setup: dict, report: Callable[[str], None]) -> li
         setup["num_requests"], pool, max_model_len, setup["length_scale"], setup["seed"]
     )
     points = []
-    for rate in setup["rates"]:
-        results, duration = await run_load(url, requests, rate, 1.0, setup["seed"], model)
-        summary = summarize(results, duration)
-        summary["rate"] = rate
-        points.append(summary)
-        report(
-            f"  {rate:>5g} req/s: {summary['completed']}/{len(results)} done in {duration:.0f} s, normalized "
-            f"{summary['normalized_latency_s_per_token']['mean'] * 1000:.0f} ms/token, TTFT "
-            f"{summary['ttft_s']['mean']:.2f} s, TPOT {summary['tpot_s']['mean'] * 1000:.0f} ms"
-        )
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        for rate in setup["rates"]:
+            before = parse_metrics((await client.get("/metrics")).text)
+            results, duration = await run_load(url, requests, rate, 1.0, setup["seed"], model)
+            after = parse_metrics((await client.get("/metrics")).text)
+            summary = summarize(results, duration)
+            summary["rate"] = rate
+            steps = after[STEP_TOKENS + "_count"] - before[STEP_TOKENS + "_count"]
+            step_tokens = after[STEP_TOKENS + "_sum"] - before[STEP_TOKENS + "_sum"]
+            summary["tokens_per_step"] = step_tokens / max(1, steps)
+            summary["preemptions"] = after[PREEMPTIONS] - before[PREEMPTIONS]
+            points.append(summary)
+            report(
+                f"  {rate:>5g} req/s: {summary['completed']}/{len(results)} done in {duration:.0f} s, "
+                f"normalized {summary['normalized_latency_s_per_token']['mean'] * 1000:.0f} ms/token, "
+                f"TTFT {summary['ttft_s']['mean']:.2f} s, TPOT {summary['tpot_s']['mean'] * 1000:.0f} ms, "
+                f"{summary['tokens_per_step']:.1f} tokens per step, {summary['preemptions']:.0f} preemptions"
+            )
     return points
 
 
@@ -132,6 +144,7 @@ def analyse(setup: dict, curves: dict[str, list[dict]], seconds: float) -> dict:
         "ttft_mean": {m: [p["ttft_s"]["mean"] for p in points] for m, points in curves.items()},
         "tpot_mean": {m: [p["tpot_s"]["mean"] for p in points] for m, points in curves.items()},
         "output_throughput": {m: [p["output_throughput"] for p in points] for m, points in curves.items()},
+        "tokens_per_step": {m: [p.get("tokens_per_step") for p in points] for m, points in curves.items()},
         "points": curves,
         "threshold_s_per_token": threshold,
         "threshold_factor": THRESHOLD_FACTOR,
