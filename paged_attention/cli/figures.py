@@ -4,7 +4,9 @@ Every figure is drawn through :mod:`paged_attention.viz`. The notebooks build th
 so this command runs them (on copies; the stored notebook outputs are left alone) and lets them
 save their figures. The paper's experiments at full size are benchmark commands; their figures
 (``fragmentation``, ``capacity``, ``latency``, ``block_size``, ``throughput``, ``sharing_memory``,
-``sharing_prefix``) come from running those commands with their default settings.
+``sharing_prefix``, ``serve_sweep``, and ``serve_overhead.json``) come from running those commands
+with their default settings; ``python -m paged_attention readme`` then puts their numbers into
+README.md.
 """
 
 from __future__ import annotations
@@ -27,7 +29,12 @@ def notebook_paths() -> list[Path]:
 # measured ones (wall-clock timings) run alone afterwards, once each rather than best of N, to keep
 # `make figures` within its time budget.
 REPLAYED = ("latency", "capacity", "fragmentation", "block-size")  # longest first
-MEASURED = {"throughput": ["--repeats", "1"], "sharing": ["--repeats", "1"]}
+MEASURED = {
+    "throughput": ["--repeats", "1"],
+    "sharing": ["--repeats", "1"],
+    "serve-sweep": [],  # Figure 12 through the real server and SmolLM2 (several minutes)
+    "serve": ["--compare-offline"],  # the server's overhead over the engine
+}
 EXPERIMENTS = (*REPLAYED, *MEASURED)
 
 
@@ -50,6 +57,9 @@ def regenerate_figures(timeout: int = 600, experiments: bool = True) -> None:
         print(f"{path.name}: ran in {time.perf_counter() - start:.1f} s")
     if experiments:
         run_experiments()
+        from .readme import update_readme
+
+        update_readme()
     print(f"figures in {figures_dir()}:")
     for png in sorted(figures_dir().glob("*.png")):
         print(f"  {png.name}")

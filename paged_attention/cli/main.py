@@ -11,6 +11,7 @@
 * ``model fetch``: fetch and convert the real model (SmolLM2-135M-Instruct) once; ``make install`` runs it.
 * ``serve``: the OpenAI-compatible server (FastAPI + uvicorn) on 127.0.0.1; ``serve --help`` for its options.
 * ``chat``: a terminal chat with the real model, streaming tokens and showing the KV blocks in use.
+* ``readme``: rewrite README.md's generated result blocks from ``figures/*.json`` (``--check``: only compare).
 * ``compat``: print the README's vLLM compatibility table (from :mod:`paged_attention.engine.compatibility`).
 * ``lab``: the course lab: ``list`` the exercises, ``build`` the student notebooks, ``grade`` them.
 """
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     figures.add_argument("--timeout", type=int, default=600, help="seconds allowed per notebook")
     figures.add_argument("--notebooks-only", action="store_true", help="skip the experiments (bench ...)")
     sub.add_parser("serve", help="the OpenAI-compatible server (serve --help)", add_help=False)
+    readme = sub.add_parser("readme", help="rewrite README.md's generated result blocks from figures/*.json")
+    readme.add_argument("--check", action="store_true", help="only say whether README.md is up to date")
     sub.add_parser("compat", help="print the README's vLLM compatibility table")
     sub.add_parser("lab", help="course lab: list, build, grade", add_help=False)
     sub.add_parser("model", help="the real model's cache: fetch, path", add_help=False)
@@ -148,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         from .lab import main as lab_main
 
         return lab_main(rest)
+    elif opts.command == "readme":
+        from .readme import update_readme
+
+        return update_readme(check=opts.check)
     elif opts.command == "compat":
         from ..engine.compatibility import markdown_table
 

@@ -32,6 +32,7 @@ from ..serving.launch import ServerProcess
 from . import paper
 from .latency_stats import summarize
 from .loadgen import parse_metrics, run_load, server_info, sharegpt_workload, token_pool
+from .provenance import provenance
 from .serve import sustainable_rate
 
 MANAGERS = ("paged", "oracle", "max")
@@ -137,6 +138,7 @@ def analyse(setup: dict, curves: dict[str, list[dict]], seconds: float) -> dict:
     sustained = {m: sustainable_rate(setup["rates"], v, threshold) for m, v in latency.items()}
     paged = sustained.get("paged", 0.0)
     return {
+        **provenance(),
         "setup": setup,
         "seconds": seconds,
         "rates": setup["rates"],

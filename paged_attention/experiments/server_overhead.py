@@ -26,6 +26,7 @@ from ..engine.params import SamplingParams
 from ..serving.launch import ServerProcess
 from .latency_stats import summarize
 from .loadgen import LoadRequest, run_load, server_info, sharegpt_workload, token_pool
+from .provenance import provenance
 
 
 def _params(request: LoadRequest) -> SamplingParams:
@@ -87,6 +88,7 @@ def run(
     first_token = offline_first_token(engine, requests[:num_low_load])
     offline_ttft = statistics.fmean(first_token)
     return {
+        **provenance(),
         "setup": {
             "serve_args": list(serve_args),
             "num_requests": num_requests,

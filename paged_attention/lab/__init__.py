@@ -2,8 +2,8 @@
 
 * :mod:`.registry`: the exercises (:data:`EXERCISES`): task, notebook, points, what the cell defines.
 * :mod:`.checking`: ``check(exercise_id, *objects)``, called by a notebook's check cell.
-* ``checks_memory``, ``checks_kernels``, ``checks_serving``: the check of each exercise, comparing
-  the student's objects with the package's own implementation.
+* ``checks_memory``, ``checks_kernels``, ``checks_serving``, ``checks_load``: the check of each
+  exercise, comparing the student's objects with the package's own implementation.
 * :mod:`.notebook`: exercise cells and solution regions; the student build.
 * :mod:`.grader`: grade a student's notebooks, a table or JUnit XML.
 

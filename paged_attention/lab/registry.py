@@ -132,36 +132,29 @@ _ALL = (
         "from paged_attention.memory.prefix_cache import hash_block_tokens\n",
         minutes=15,
     ),
-    # Notebook 09's exercises: checked and tested now (see UNPLACED_CHECKS below). When the notebook
-    # holds their tagged cells and check cells, uncomment these two, delete their UNPLACED_CHECKS
-    # lines, give them a setup if the cells use imports from earlier cells (e.g. "import random\n"),
-    # and update the counts in notebooks/TEACHING.md.
-    # Exercise(
-    #     "09.stream_metrics",
-    #     "09_serving.ipynb",
-    #     "TTFT, ITL, TPOT and end-to-end latency from a stream's timestamps",
-    #     "return (ttft, itl, tpot, e2el): a chunk may carry several tokens, tpot is None for one token",
-    #     ("stream_metrics",),
-    #     "checks_load:stream_metrics",
-    #     minutes=15,
-    # ),
-    # Exercise(
-    #     "09.arrivals",
-    #     "09_serving.ipynb",
-    #     "Poisson arrivals with a burstiness knob",
-    #     "return the send times: gamma gaps of shape burstiness and mean 1 / rate; all 0 when rate is inf",
-    #     ("arrival_times",),
-    #     "checks_load:arrivals",
-    #     points=2,
-    #     minutes=20,
-    # ),
+    Exercise(
+        "09.stream_metrics",
+        "09_serving.ipynb",
+        "TTFT, ITL, TPOT and end-to-end latency from a stream's timestamps",
+        "return (ttft, itl, tpot, e2el): a chunk may carry several tokens, tpot is None for one token",
+        ("stream_metrics",),
+        "checks_load:stream_metrics",
+        minutes=15,
+    ),
+    Exercise(
+        "09.arrivals",
+        "09_serving.ipynb",
+        "Poisson arrivals with a burstiness knob",
+        "return the send times: gamma gaps of shape burstiness and mean 1 / rate; all 0 when rate is inf",
+        ("arrival_times",),
+        "checks_load:arrivals",
+        points=2,
+        minutes=20,
+    ),
 )
 
 EXERCISES: dict[str, Exercise] = {e.exercise_id: e for e in _ALL}
 
 # Checks written ahead of their notebook cells ("id": "module:function"), tested against right and
-# wrong answers and registered above once their cells exist. Notebook 09's two wait now.
-UNPLACED_CHECKS: dict[str, str] = {
-    "09.stream_metrics": "checks_load:stream_metrics",
-    "09.arrivals": "checks_load:arrivals",
-}
+# wrong answers and registered above once their cells exist. None wait now.
+UNPLACED_CHECKS: dict[str, str] = {}

@@ -225,7 +225,8 @@ async def _serve(
             for delta in output.outputs:
                 choices[index * params.n + delta.index].add(delta)
 
-    await _until_disconnect(raw, gather, streams)
+    if not await _until_disconnect(raw, gather, streams):
+        return Response(status_code=499)  # nginx's "client closed request": never sent, nobody reads it
     completion_tokens = sum(len(c.token_ids) for c in choices)
     return JSONResponse(
         {
@@ -296,8 +297,9 @@ async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Requ
 
 async def _until_disconnect(
     raw: Request, work: Callable[[], Awaitable[None]], streams: list[RequestStream]
-) -> None:
-    """Run ``work``; if the client disconnects first, close (abort) ``streams`` and stop."""
+) -> bool:
+    """Run ``work``; if the client disconnects first, close (abort) ``streams`` and stop. Returns
+    whether ``work`` finished (false: the client is gone and nobody reads an answer)."""
     task = asyncio.ensure_future(work())
     watcher = asyncio.ensure_future(_disconnected(raw))
     try:
@@ -308,9 +310,10 @@ async def _until_disconnect(
             for stream in streams:
                 stream.close()
         watcher.cancel()
-    if task.cancelled():
-        raise asyncio.CancelledError("the client disconnected")
+    if not task.done():  # cancelled just now (it ends at its next await): the client went away
+        return False
     task.result()
+    return True
 
 
 async def _disconnected(raw: Request) -> None:
@@ -350,12 +353,13 @@ async def _events(
         async for index, output in _merged(streams):
             prompt_tokens[index] = len(output.prompt_token_ids)
             for delta in output.outputs:
-                part = choices[index * n + delta.index].add(delta)
+                choice = choices[index * n + delta.index]
+                part = choice.add(delta)
                 if part is None:
                     continue
                 chunk = {**head, "choices": [part]}
-                if continuous:
-                    chunk["usage"] = usage(sum(prompt_tokens), sum(len(c.token_ids) for c in choices))
+                if continuous:  # vLLM's: the usage so far of this chunk's choice (its prompt, its tokens)
+                    chunk["usage"] = usage(prompt_tokens[index], len(choice.token_ids))
                 yield _sse(chunk)
         if include_usage:
             yield _sse(

@@ -41,8 +41,15 @@ def free_port(host: str = LOCALHOST) -> int:
 
 
 def run(app: FastAPI, host: str = LOCALHOST, port: int = 8000, log_level: str = "info") -> None:
-    """Serve ``app`` until SIGINT or SIGTERM."""
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    """Serve ``app`` until SIGINT or SIGTERM, then return (the process exits 0 after either)."""
+    # uvicorn shuts down cleanly on either signal, then raises it again against the handler it found:
+    # SIGINT's KeyboardInterrupt it catches itself, but SIGTERM's default handler would kill the
+    # process (status -15) after its clean shutdown. A SIGTERM handler that does nothing lets run return.
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def wait_healthy(url: str, timeout: float, process: subprocess.Popen | None = None) -> None:
@@ -95,7 +102,7 @@ class ServerProcess:
 
     Its output goes to ``log`` (a file path) or is discarded. Use it in a ``with`` block, so that
     the server is stopped however the block ends; a started server is also stopped when this
-    process exits, and (on Linux) gets SIGTERM if this process dies."""
+    process exits, and (on Linux, started from the main thread) gets SIGTERM if this process dies."""
 
     def __init__(
         self,
@@ -131,7 +138,8 @@ class ServerProcess:
             stdout=output,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(self.env or {})},
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            # the kernel sends it when the *thread* that started the child ends: only the main thread
+            preexec_fn=_die_with_parent if sys.platform == "linux" and _in_main_thread() else None,
         )
         try:
             wait_healthy(self.url, self.startup_timeout, self.process)
@@ -158,6 +166,10 @@ class ServerProcess:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child, before exec

@@ -25,7 +25,7 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
     include_usage: bool = False  # a last chunk with the whole request's usage, its choices empty
-    continuous_usage_stats: bool = False  # usage so far in every chunk
+    continuous_usage_stats: bool = False  # in every chunk, its choice's usage so far (vLLM's)
 
 
 class _Generation(BaseModel):

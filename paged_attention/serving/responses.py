@@ -55,8 +55,9 @@ class Choice:
     stop_reason: int | str | None = None
 
     def add(self, delta: CompletionOutput) -> dict[str, Any] | None:
-        """Take one delta; return the stream chunk's choice for it (``None`` if it adds nothing
-        a client sees: no text and no finish)."""
+        """Take one delta; return the stream chunk's choice for it (``None`` if it adds nothing:
+        no text, no token and no finish). A token without text yet (part of a character, or text
+        held back while it may begin a stop string) still gets its chunk, as in vLLM: its logprobs."""
         first_text_offset = len(self.text)
         self.text += delta.text
         self.token_ids += delta.token_ids
@@ -64,7 +65,7 @@ class Choice:
         self.logprobs += new_logprobs
         if delta.finish_reason is not None:
             self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
-        if not delta.text and delta.finish_reason is None:
+        if not delta.text and not delta.token_ids and delta.finish_reason is None:
             return None
         logprobs = self._logprobs(delta.token_ids, new_logprobs, first_text_offset)
         if self.chat:

@@ -33,6 +33,7 @@ from ...experiments.loadgen import (
     token_pool,
 )
 from ...serving.launch import ServerProcess
+from ...viz import figures_dir
 from .._threads import set_threads
 from ..serve import build_engine
 from ..serve import parser as serve_parser
@@ -124,7 +125,12 @@ def main(args: list[str] | None = None) -> None:
         "--goodput", nargs="*", default=[], metavar="NAME:MS", help="SLOs, e.g. ttft:2000 tpot:200"
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--result-file", type=Path, default=None, help="write the summary as JSON here")
+    p.add_argument(
+        "--result-file",
+        type=Path,
+        default=None,
+        help="write the summary as JSON here (--compare-offline: figures/serve_overhead.json by default)",
+    )
     p.add_argument(
         "--compare-offline",
         action="store_true",
@@ -160,6 +166,8 @@ def main(args: list[str] | None = None) -> None:
     else:
         result = _load(opts, opts.base_url)
         print_summary(result)
+    if opts.compare_offline and opts.result_file is None:
+        opts.result_file = figures_dir() / "serve_overhead.json"  # what the README's numbers come from
     if opts.result_file:
         opts.result_file.write_text(json.dumps(result, indent=2, default=str) + "\n")
         print(f"wrote {opts.result_file}")
