@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "paged_attention"
-SHARED = {"_checks", "_triton_env"}
+SHARED = {"_checks", "_triton_env", "__version__"}  # and the package's version string
 CORE = {"engine", "memory", "kernels", "models"}
 ALLOWED = {
     "kernels": {"kernels"},

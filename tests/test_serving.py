@@ -99,8 +99,7 @@ def serve(engine: LLMEngine, max_waiting: int | None) -> Iterator[tuple[Served, 
 def on_engine(llm: AsyncLLM, fn: Callable[[LLMEngine], Any], timeout: float = 30) -> Any:
     """``fn(engine)`` run by the engine loop between two steps, from a test thread (``llm.call`` must be
     awaited on the server's event loop, which runs in the server's thread)."""
-    assert llm._loop is not None
-    return asyncio.run_coroutine_threadsafe(llm.call(fn), llm._loop).result(timeout)
+    return llm.call_soon(fn, timeout)
 
 
 def _engine_state(engine: LLMEngine) -> tuple[list[str], bool, int, int]:

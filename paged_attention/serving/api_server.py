@@ -243,9 +243,10 @@ async def _add_all(
     """One engine request per prompt, all or none: a refused prompt aborts those already added."""
     streams: list[RequestStream] = []
     try:
+        llm.check_admission()  # once per client call: its prompts are admitted together
         for i, prompt in enumerate(prompts):
             try:
-                streams.append(await llm.add_request(prompt, params, f"{response_id}-{i}"))
+                streams.append(await llm.add_request(prompt, params, f"{response_id}-{i}", admitted=True))
             except (ValueError, TypeError) as err:
                 error = engine_error(err, prompt_field)
                 if len(prompts) > 1:

@@ -153,12 +153,10 @@ class AsyncLLM:
         return sum(not s.started for s in self._streams.values())
 
     # -- requests -----------------------------------------------------------------------------------
-    async def add_request(
-        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None
-    ) -> RequestStream:
-        """Add one request; returns its :class:`RequestStream` once the engine has accepted it.
-        Bad input raises the engine's ``ValueError``/``TypeError`` (nothing is queued); a full
-        queue raises :class:`EngineOverloaded`, a stopped loop :class:`EngineDead`."""
+    def check_admission(self) -> None:
+        """Raise :class:`EngineDead` if the loop is not running, :class:`EngineOverloaded` if
+        ``max_waiting`` requests already wait to start. A caller that adds several requests for
+        one client call (a list of prompts) asks once, then adds them all with ``admitted=True``."""
         if not self.is_running:
             raise EngineDead("the engine loop is not running" + (f": {self.error!r}" if self.error else ""))
         if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
@@ -166,6 +164,15 @@ class AsyncLLM:
                 f"{self.num_waiting} requests are waiting to start (the limit is max_waiting="
                 f"{self.max_waiting}): retry later"
             )
+
+    async def add_request(
+        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, admitted: bool = False
+    ) -> RequestStream:
+        """Add one request; returns its :class:`RequestStream` once the engine has accepted it.
+        Bad input raises the engine's ``ValueError``/``TypeError`` (nothing is queued); unless
+        ``admitted``, :meth:`check_admission` is asked first."""
+        if not admitted:
+            self.check_admission()
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
@@ -204,6 +211,13 @@ class AsyncLLM:
                 self.engine.abort_request(request_id)
 
         self._commands.put(abort)
+
+    def call_soon(self, fn: Callable[[LLMEngine], T], timeout: float | None = None) -> T:
+        """:meth:`call` from a thread other than the event loop's (a test, a notebook): blocks
+        until the engine loop has run ``fn`` between two steps, and returns its result."""
+        if self._loop is None:
+            raise EngineDead("the engine loop was never started")
+        return asyncio.run_coroutine_threadsafe(self.call(fn), self._loop).result(timeout)
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run ``fn(engine)`` on the engine loop between two steps and return its result: the only
