@@ -141,7 +141,9 @@ def _body(request: LoadRequest, model: str, temperature: float) -> dict[str, Any
         "max_tokens": request.max_tokens,
         "temperature": temperature,
         "stream": True,
-        "stream_options": {"include_usage": True},
+        # the usage so far in every chunk: a chunk carries output when its token count grows, even
+        # one whose text is still held back (a partial character, a possible stop string)
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
     if request.ignore_eos:
         body["ignore_eos"] = True
@@ -159,11 +161,13 @@ async def send(
     temperature: float = 0.0,
     started: float = 0.0,
 ) -> RequestResult:
-    """Send one request, streaming; time every chunk that carries output (see :mod:`.latency_stats`)."""
+    """Send one request, streaming; time every chunk that carries output tokens (by the usage each
+    chunk reports, or by its text where a server reports no usage per chunk; see :mod:`.latency_stats`)."""
     send_time = time.perf_counter()
     result = RequestResult(ok=False, send_time=send_time - started)
     chunk_times: list[float] = []
     texts: list[str] = []
+    tokens_seen = 0
     try:
         async with client.stream("POST", request.endpoint, json=_body(request, model, temperature)) as answer:
             if answer.status_code != 200:
@@ -180,11 +184,17 @@ async def send(
                 if chunk.get("usage") and not chunk.get("choices"):
                     result.prompt_tokens = chunk["usage"]["prompt_tokens"]
                     result.output_tokens = chunk["usage"]["completion_tokens"]
+                arrived = time.perf_counter()
+                tokens = (chunk.get("usage") or {}).get("completion_tokens")
+                grew = tokens is not None and tokens > tokens_seen
+                tokens_seen = max(tokens_seen, tokens or 0)
                 for choice in chunk.get("choices", []):
                     text = choice.get("text") if "text" in choice else choice.get("delta", {}).get("content")
                     if text:
-                        chunk_times.append(time.perf_counter())
                         texts.append(text)
+                    if grew or (tokens is None and text):
+                        chunk_times.append(arrived)
+                        grew = False
                     if choice.get("finish_reason"):
                         result.finish_reason = choice["finish_reason"]
     except httpx.HTTPError as err:

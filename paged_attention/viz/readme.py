@@ -24,14 +24,15 @@ def serving_block(folder: Path | None = None) -> str:
     server's overhead over the engine (``bench serve --compare-offline``)."""
     sweep, overhead = _load("serve_sweep", folder), _load("serve_overhead", folder)
     s, top = sweep["setup"], sweep["rates"][-1]
-    managers = list(sweep["normalized_latency"])
+    managers = [m for m in ("paged", "oracle", "pow2", "max") if m in sweep["normalized_latency"]]
     lines = [
         f"`python -m paged_attention bench serve-sweep` ({sweep.get('machine', 'this machine')}, "
         f"{sweep.get('date', '?')}; server on {s['threads']} torch thread, the client on the other core): "
         f"{s['model']}, {s['num_kv_blocks']} KV blocks of {s['block_size']} tokens for every manager, "
         f"max_model_len {s['max_model_len']}, ShareGPT-like lengths x {s['length_scale']}, "
-        f"{s['num_requests']} requests per rate, Poisson arrivals. Mean normalized latency (ms per output "
-        "token) and mean TTFT (s):",
+        f"{s['num_requests']} requests per rate, Poisson arrivals "
+        f"({sweep['seconds'] / 60:.0f} minutes in all). Mean normalized latency (ms per output token) "
+        "and mean TTFT (s):",
         "",
         "| req/s | "
         + " | ".join(f"{LABELS[m]} ms/token" for m in managers)
@@ -46,7 +47,9 @@ def serving_block(folder: Path | None = None) -> str:
         lines.append(f"| {rate:g} | " + " | ".join(cells) + " |")
     lines.append("")
     sustained = sweep["sustained_rate"]
-    said = ", ".join(f"{LABELS[m]} {'>= ' if r >= top else ''}{r:.2f} req/s" for m, r in sustained.items())
+    said = ", ".join(
+        f"{LABELS[m]} {'>= ' if sustained[m] >= top else ''}{sustained[m]:.2f} req/s" for m in managers
+    )
     lines.append(
         f"Sustained (mean normalized latency under {sweep['threshold_s_per_token'] * 1000:.0f} ms/token, "
         f"{sweep['threshold_factor']}x the lowest measured): {said}."
