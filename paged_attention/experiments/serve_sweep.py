@@ -61,27 +61,11 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 
 def server_args(manager: str, setup: dict) -> list[str]:
     """The ``serve`` command line of one manager's server (prefix caching off: the baselines have none)."""
-    return [
-        "--model",
-        setup["model"],
-        "--kv-manager",
-        manager,
-        "--num-kv-blocks",
-        str(setup["num_kv_blocks"]),
-        "--block-size",
-        str(setup["block_size"]),
-        "--max-model-len",
-        str(setup["max_model_len"]),
-        "--max-num-seqs",
-        str(setup["max_num_seqs"]),
-        "--threads",
-        str(setup["threads"]),
-        "--seed",
-        str(setup["seed"]),
-        "--no-enable-prefix-caching",
-        "--log-level",
-        "warning",
-    ]
+    flags = {"--model": setup["model"], "--kv-manager": manager, "--num-kv-blocks": setup["num_kv_blocks"],
+             "--block-size": setup["block_size"], "--max-model-len": setup["max_model_len"],
+             "--max-num-seqs": setup["max_num_seqs"], "--threads": setup["threads"], "--seed": setup["seed"],
+             "--log-level": "warning"}  # fmt: skip
+    return [*(str(part) for pair in flags.items() for part in pair), "--no-enable-prefix-caching"]
 
 
 async def _sweep_one(url: str, setup: dict, report: Callable[[str], None]) -> list[dict]:

@@ -252,9 +252,7 @@ async def _add_all(
                 if len(prompts) > 1:
                     error.message = f"prompt {i}: {error.message}"
                 raise error from err
-    except EngineOverloaded as err:
-        raise APIError(str(err), 503) from err
-    except EngineDead as err:
+    except (EngineOverloaded, EngineDead) as err:  # come back later
         raise APIError(str(err), 503) from err
     except BaseException:
         for stream in streams:

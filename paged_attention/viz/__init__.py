@@ -17,7 +17,7 @@ Use ``from paged_attention import viz``, then ``fig = viz.memory.block_map(...)`
 """
 
 from . import kernels, memory, memory_map, paper, scheduling, serving, sharing, style, tables
-from .style import figures_dir, repo_root, save
+from .style import figures_dir, repo_root, save, stored_results
 
 __all__ = [
     "figures_dir",
@@ -30,6 +30,7 @@ __all__ = [
     "scheduling",
     "serving",
     "sharing",
+    "stored_results",
     "style",
     "tables",
 ]

@@ -43,6 +43,18 @@ def figures_dir() -> Path:
     return path
 
 
+def stored_results(name: str) -> dict:
+    """The stored results ``figures/<name>.json`` of the checkout (what ``make figures`` measured),
+    wherever new figures are being written: a notebook reads the full runs it cannot redo here."""
+    import json
+
+    root = repo_root()
+    path = (root / "figures" if root else figures_dir()) / f"{name}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no stored results {path}: run `make figures` (or the bench command) first")
+    return json.loads(path.read_text())
+
+
 def save(fig: Figure, name: str, folder: Path | None = None) -> None:
     """Save ``fig`` as ``figures/<name>.png``, or ``<folder>/<name>.png`` (no software tag, so reruns
     are byte-stable).
