@@ -105,6 +105,21 @@ def chat_workload(num_requests: int, max_tokens: int = 64, seed: int = 0) -> lis
     ]
 
 
+async def workload_from_server(
+    url: str, workload: str, num_requests: int, length_scale: float = 1.0, max_tokens: int = 64, seed: int = 0
+) -> tuple[list[LoadRequest], str]:
+    """A workload (``"sharegpt"`` or ``"chat"``) sized for the server at ``url`` (its model's name and
+    ``max_model_len``, its tokenizer's ids of real text), and the served model's name."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        model, max_model_len = await server_info(client)
+        if workload == "chat":
+            return chat_workload(num_requests, max_tokens, seed), model
+        pool = await token_pool(client, model)
+    return sharegpt_workload(num_requests, pool, max_model_len, length_scale, seed), model
+
+
 async def server_info(client: httpx.AsyncClient) -> tuple[str, int]:
     """The served model's name and ``max_model_len`` (``GET /v1/models``)."""
     answer = await client.get("/v1/models")

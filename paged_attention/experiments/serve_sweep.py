@@ -31,7 +31,7 @@ import httpx
 from ..serving.launch import ServerProcess
 from . import paper
 from .latency_stats import summarize
-from .loadgen import parse_metrics, run_load, server_info, sharegpt_workload, token_pool
+from .loadgen import parse_metrics, run_load, workload_from_server
 from .provenance import provenance
 from .serve import sustainable_rate
 
@@ -69,11 +69,8 @@ def server_args(manager: str, setup: dict) -> list[str]:
 
 
 async def _sweep_one(url: str, setup: dict, report: Callable[[str], None]) -> list[dict]:
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-        model, max_model_len = await server_info(client)
-        pool = await token_pool(client, model)
-    requests = sharegpt_workload(
-        setup["num_requests"], pool, max_model_len, setup["length_scale"], setup["seed"]
+    requests, model = await workload_from_server(
+        url, "sharegpt", setup["num_requests"], setup["length_scale"], seed=setup["seed"]
     )
     points = []
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:

@@ -18,14 +18,13 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
-import httpx
 import torch
 
 from ..engine.llm_engine import LLMEngine
 from ..engine.params import SamplingParams
 from ..serving.launch import ServerProcess
 from .latency_stats import summarize
-from .loadgen import LoadRequest, run_load, server_info, sharegpt_workload, token_pool
+from .loadgen import LoadRequest, run_load, workload_from_server
 from .provenance import provenance
 
 
@@ -73,7 +72,9 @@ def run(
     """Both measurements (see the module docstring); ``build_engine`` builds the offline engine
     with the server's settings."""
     with ServerProcess(serve_args) as server:
-        requests, model = asyncio.run(_workload(server.url, num_requests, length_scale, seed))
+        requests, model = asyncio.run(
+            workload_from_server(server.url, "sharegpt", num_requests, length_scale, seed=seed)
+        )
         results, duration = asyncio.run(run_load(server.url, requests, float("inf"), model=model, seed=seed))
         saturated = summarize(results, duration)
         report(f"server, all {num_requests} at once: {saturated['output_throughput']:.1f} output tokens/s")
@@ -111,12 +112,3 @@ def run(
         "throughput_ratio": saturated["output_throughput"] / (tokens / seconds),
         "ttft_difference_s": low["ttft_s"]["mean"] - offline_ttft,
     }
-
-
-async def _workload(
-    url: str, num_requests: int, length_scale: float, seed: int
-) -> tuple[list[LoadRequest], str]:
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-        model, max_model_len = await server_info(client)
-        pool = await token_pool(client, model)
-    return sharegpt_workload(num_requests, pool, max_model_len, length_scale, seed), model

@@ -199,8 +199,9 @@ async def _serve(
     response_id = new_id(prefix)
     chat = kind == "chat.completion"
     streams = await _add_all(llm, prompts, params, response_id, "messages" if chat else "prompt")
-    top = None if params.logprobs is None else params.logprobs
-    choices = [Choice(i * params.n + j, chat, top) for i in range(len(prompts)) for j in range(params.n)]
+    choices = [
+        Choice(i * params.n + j, chat, params.logprobs) for i in range(len(prompts)) for j in range(params.n)
+    ]
     prompt_tokens = [0] * len(prompts)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -20,18 +20,9 @@ import json
 import shlex
 from pathlib import Path
 
-import httpx
-
 from ...experiments import server_overhead
 from ...experiments.latency_stats import SLO_METRICS, summarize
-from ...experiments.loadgen import (
-    WORKLOADS,
-    chat_workload,
-    run_load,
-    server_info,
-    sharegpt_workload,
-    token_pool,
-)
+from ...experiments.loadgen import WORKLOADS, run_load, workload_from_server
 from ...serving.launch import ServerProcess
 from ...viz import figures_dir
 from .._threads import set_threads
@@ -74,17 +65,12 @@ def print_summary(summary: dict) -> None:
         print(f"error x{count}: {error}")
 
 
-async def _workload(opts: argparse.Namespace, url: str) -> tuple[list, str]:
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-        model, max_model_len = await server_info(client)
-        if opts.workload == "chat":
-            return chat_workload(opts.num_prompts, opts.max_tokens, opts.seed), model
-        pool = await token_pool(client, model)
-    return sharegpt_workload(opts.num_prompts, pool, max_model_len, opts.length_scale, opts.seed), model
-
-
 def _load(opts: argparse.Namespace, url: str) -> dict:
-    requests, model = asyncio.run(_workload(opts, url))
+    requests, model = asyncio.run(
+        workload_from_server(
+            url, opts.workload, opts.num_prompts, opts.length_scale, opts.max_tokens, opts.seed
+        )
+    )
     results, duration = asyncio.run(
         run_load(
             url,
