@@ -3,7 +3,6 @@ notebooks it cannot strip safely), the grader grades cell text on its own."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 
@@ -20,7 +19,10 @@ from tests.lab_answers import kernels, load, memory, serving
 # the notebook's solution) and plausible wrong ones a student might write.
 ANSWERS = {
     "01.kv_bytes": (memory.kv_bytes_right, [memory.kv_bytes_wrong]),
-    "02.free_queue": (memory.FreeQueueRight, [memory.FreeQueueList, memory.FreeQueueStack]),
+    "02.free_queue": (
+        memory.FreeQueueRight,
+        [memory.FreeQueueList, memory.FreeQueueStack, memory.FreeQueueKeepsLinks, memory.FreeQueueScans],
+    ),
     "02.slot_mapping": (
         memory.slot_mapping_right,
         [memory.slot_mapping_off_by_one, memory.slot_mapping_logical],
@@ -29,12 +31,20 @@ ANSWERS = {
         memory.copy_on_write_right,
         [memory.copy_on_write_keeps_reference, memory.copy_on_write_full_blocks_too],
     ),
-    "03.online_softmax": (kernels.online_right, [kernels.online_no_rescale]),
+    "03.online_softmax": (kernels.online_right, [kernels.online_no_rescale, kernels.online_no_max]),
     "03.block_table": (kernels.scores_right, [kernels.scores_logical, kernels.scores_unmasked]),
-    "03.split_k_merge": (kernels.merge_right, [kernels.merge_ignores_max]),
+    "03.split_k_merge": (kernels.merge_right, [kernels.merge_ignores_max, kernels.merge_exp_max]),
     "04.scheduling_policy": (
         serving.PolicyRight,
-        [serving.PolicyOldestVictim, serving.PolicyNoWatermark, serving.PolicyFloor],
+        [
+            serving.PolicyOldestVictim,
+            serving.PolicyNoWatermark,
+            serving.PolicyFloor,
+            serving.PolicyIgnoresComputed,
+            serving.PolicyCountsHeldHit,
+            serving.PolicyStrict,
+            serving.PolicyFirstRunning,
+        ],
     ),
     "06.first_fit": (serving.FirstFitRight, [serving.FirstFitNoMerge]),
     "08.block_hashes": (memory.block_hashes_right, [memory.block_hashes_unchained]),
@@ -63,16 +73,11 @@ ANSWERS = {
 
 
 def test_every_exercise_has_answers_here() -> None:
-    assert set(ANSWERS) == set(EXERCISES) | set(UNPLACED_CHECKS)
+    assert set(ANSWERS) == set(EXERCISES) and not UNPLACED_CHECKS
 
 
 def grade(exercise_id: str, answer: object, thorough: bool = False) -> int:
-    if exercise_id in EXERCISES:
-        return run(exercise_id, answer, thorough=thorough)
-    module, function = UNPLACED_CHECKS[exercise_id].split(":")
-    return getattr(importlib.import_module(f"paged_attention.lab.{module}"), function)(
-        answer, thorough=thorough
-    )
+    return run(exercise_id, answer, thorough=thorough)
 
 
 @pytest.mark.parametrize("exercise_id", sorted(ANSWERS))
@@ -115,10 +120,24 @@ def test_the_packages_own_load_code_passes_the_load_checks() -> None:
         ("09.arrivals", load.arrival_times_gaps, "not the gaps themselves"),
         ("09.arrivals", load.arrival_times_no_inf, "raised ValueError"),
         ("09.arrivals", load.arrival_times_unseeded, "random.Random(seed)"),
+        ("02.free_queue", memory.FreeQueueKeepsLinks, "a block out of the queue has no links"),
+        ("02.free_queue", memory.FreeQueueList, "a block in the queue links to its neighbours"),
+        ("02.free_queue", memory.FreeQueueScans, "never scan the queue"),
+        ("02.copy_on_write", memory.copy_on_write_keeps_reference, "drop its reference to the shared block"),
+        ("02.copy_on_write", memory.copy_on_write_full_blocks_too, "only a partly filled last block"),
+        ("03.online_softmax", kernels.online_no_max, "l is the sum of exp(score - m)"),
+        ("03.split_k_merge", kernels.merge_exp_max, "maxes near 800: exp(max) overflows float64"),
+        ("04.scheduling_policy", serving.PolicyStrict, "exactly the watermark: admit (>=, not >)"),
+        ("04.scheduling_policy", serving.PolicyNoWatermark, "below the watermark of 1"),
+        ("04.scheduling_policy", serving.PolicyFloor, "round up"),
+        ("04.scheduling_policy", serving.PolicyCountsHeldHit, "they exist already and cost no free block"),
+        ("04.scheduling_policy", serving.PolicyIgnoresComputed, "num_free_prefix_blocks(seq)"),
+        ("04.scheduling_policy", serving.PolicyOldestVictim, "the latest arrival, running[-1]"),
+        ("04.scheduling_policy", serving.PolicyFirstRunning, "victim: three running"),
     ],
     ids=lambda x: getattr(x, "__name__", None),
 )
-def test_each_load_mistake_gets_its_own_hint(exercise_id: str, wrong: object, hint: str) -> None:
+def test_each_mistake_gets_its_own_hint(exercise_id: str, wrong: object, hint: str) -> None:
     with pytest.raises(CheckFailed, match=re.escape(hint)):
         grade(exercise_id, wrong)
 
@@ -214,9 +233,66 @@ def test_the_grader_reports_errors_and_missing_names() -> None:
     exercise = EXERCISES["01.kv_bytes"]
     assert grade_cell(exercise, "def other(): pass\n").detail == "the cell defines no kv_bytes_per_token"
     broken = grade_cell(exercise, "def kv_bytes_per_token(a, b, c, d):\n    return a / 0\n")
-    assert broken.status == "error" and broken.detail.startswith("ZeroDivisionError")
+    assert broken.status == "fail"
+    assert broken.detail == (
+        "kv_bytes_per_token(40, 40, 128, 2) (OPT-13B in fp16) raised ZeroDivisionError: division by zero "
+        "(line 2 of your cell)"
+    )
     wrong = grade_cell(exercise, "def kv_bytes_per_token(a, b, c, d):\n    return a * b * c * d\n")
     assert wrong.status == "fail" and "expected 819200, got 409600" in wrong.detail
+    typo = grade_cell(exercise, "x = 1\ndef kv_bytes_per_token(a, b, c, d)\n    return 0\n")
+    assert typo.status == "error" and typo.detail.startswith("the cell raised SyntaxError at line 2")
+
+
+CRASHING_QUEUE = """class FreeQueue:
+    def __init__(self, blocks):
+        self.head, self.tail = KVCacheBlock(-1), KVCacheBlock(-1)
+        self.head.next_free, self.tail.prev_free = self.tail, self.head
+        self.size = 0
+        for block in blocks:
+            self.append(block)
+
+    def __len__(self):
+        return self.size
+
+    def __iter__(self):
+        node = self.head.next_free
+        while node is not self.tail:
+            yield node
+            node = node.next_free
+
+    def append(self, block):
+        last = self.tail.prev_free
+        block.prev_free, block.next_free = last, self.tail
+        last.next_free = block
+        self.tail.prev_free = block
+        self.size += 1
+
+    def remove(self, block):
+        block.prev_free.next_free = block.next_free
+        block.next_free.prev_free = block.prev_free
+        block.prev_free = block.next_free = None
+        self.size -= 1
+
+    def popleft(self):
+        front = self.head.next_free  # on an empty queue: the tail sentinel, whose next_free is None
+        self.remove(front)
+        return front
+"""
+
+
+def test_a_crash_names_the_case_and_the_students_own_line() -> None:
+    """popleft on an empty queue that unlinks the tail sentinel: the case, the exception and the
+    line of the cell that raised (not of the grader's setup, which comes before it, nor of the
+    check's module), from the grader and from a notebook's check cell alike."""
+    line = CRASHING_QUEUE.splitlines().index("        block.next_free.prev_free = block.prev_free") + 1
+    expected = rf"popleft\(\) on the now empty queue raised AttributeError: .* \(line {line} of your cell\)$"
+    grade = grade_cell(EXERCISES["02.free_queue"], CRASHING_QUEUE, seed=1)
+    assert grade.status == "fail" and re.search(expected, grade.detail), grade.detail
+    local: dict = {"KVCacheBlock": __import__("paged_attention.memory.allocator").memory.allocator.KVCacheBlock}
+    exec(compile(CRASHING_QUEUE, "<a notebook cell>", "exec"), local)  # as a notebook's check cell sees it
+    with pytest.raises(CheckFailed, match=expected):
+        run("02.free_queue", local["FreeQueue"])
 
 
 def test_the_grader_runs_a_triton_kernel_from_cell_text() -> None:

@@ -1,15 +1,16 @@
 """``check(exercise_id, *objects)``: grade an exercise's objects against the package's own code.
 
 A check function runs cases (fixed ones first, the ones a student is likely to get wrong, then
-hypothesis-generated ones) and stops at the first wrong one with :class:`CheckFailed`, which names
-the case and shows what was expected and what came back. ``thorough=True`` (the grader) runs more
+random ones drawn from a seed) and stops at the first wrong one with :class:`CheckFailed`, which
+names the case and shows what was expected and what came back. It reaches the student's objects
+only through a :class:`~.student.Student` (:mod:`.student`): in this process for a notebook's check
+cell, in a child process for the grader (:mod:`.sandbox`). ``thorough=True`` (the grader) runs more
 cases than the notebook shows.
 """
 
 from __future__ import annotations
 
 import importlib
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -39,41 +40,23 @@ def checker(exercise_id: str) -> Callable[..., int]:
     return getattr(importlib.import_module(f"{__package__}.{module}"), function)
 
 
-def run(exercise_id: str, *objects: Any, thorough: bool = False) -> int:
-    """Run an exercise's cases on ``objects``; returns how many passed, raises on the first failure."""
+def run(exercise_id: str, *objects: Any, thorough: bool = False, seed: int = 0) -> int:
+    """Run an exercise's cases (drawn from ``seed``) on ``objects`` in this process; returns how many
+    passed, raises on the first failure (the grader runs the same check on a child process)."""
+    from .student import LocalStudent  # it imports CheckFailed from here
+
     check = checker(exercise_id)
     names = EXERCISES[exercise_id].names
     if len(objects) != len(names):
         raise TypeError(f"check({exercise_id!r}, ...) takes {len(names)} object(s): {', '.join(names)}")
-    try:
-        return check(*objects, thorough=thorough)
-    except (NotImplementedError, CheckFailed):
-        raise
-    except Exception as err:
-        unfinished = _unfinished(err)
-        if unfinished is None:
-            raise
-        raise unfinished from None
-
-
-_STUB = re.compile(r"NotImplementedError\(\s*[\"'](Exercise [^\"']*)[\"']\s*\)")
-
-
-def _unfinished(err: BaseException) -> NotImplementedError | None:
-    """The exercise's own ``NotImplementedError`` behind ``err``, if that is what it is: Triton's
-    interpreter wraps it (as the cause), and a compiler that cannot compile a ``raise`` quotes it."""
-    seen: BaseException | None = err
-    while seen is not None:
-        if isinstance(seen, NotImplementedError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    match = _STUB.search(str(err))
-    return NotImplementedError(match.group(1)) if match else None
+    return check(LocalStudent(objects), seed=seed, thorough=thorough)
 
 
 def check(exercise_id: str, *objects: Any) -> None:
     """Grade an exercise in the notebook: prints a pass line, or raises naming the first wrong case.
 
-    An unfinished exercise raises its ``NotImplementedError``; a wrong one :class:`CheckFailed`."""
+    An unfinished exercise raises its ``NotImplementedError``; a wrong one :class:`CheckFailed`.
+    The cases are the same on every run (seed 0), so a failing case can be rerun and debugged; the
+    grader draws fresh ones."""
     passed = run(exercise_id, *objects)
     print(f"✓ {exercise_id} ({EXERCISES[exercise_id].title}): all {passed} cases pass")

@@ -1,9 +1,9 @@
 """Checks of the load exercises (notebook 09): a streamed request's latencies from its timestamps,
 and gamma arrivals with a burstiness knob, graded statistically.
 
-The student's code runs inside :func:`_call`: an exception it raises (other than the exercise's
-own ``NotImplementedError``) becomes a :class:`CheckFailed` naming the call, its inputs and the
-line that raised, so that a crash is reported like any other failing case.
+The student's code is reached through drivers (:mod:`.student`): an exception it raises (other than
+the exercise's own ``NotImplementedError``) becomes a :class:`CheckFailed` naming the call, its
+inputs and the line of the cell that raised, so that a crash is reported like any other failing case.
 """
 
 from __future__ import annotations
@@ -13,27 +13,50 @@ import math
 import numbers
 import random
 import statistics
-import traceback
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from ..experiments import latency_stats
 from .checking import CheckFailed, expect
-from .grader import _TimeUp  # the grader's time limit must reach the grader, not become a failing case
+from .student import Student, driver
 
 
-def _call(fn: Callable[..., Any], call: str, *args: Any, hint: str = "") -> Any:
-    """``fn(*args)``; an exception it raises becomes :class:`CheckFailed` naming ``call``."""
+def _plain(value: Any) -> Any:
+    """A returned value as JSON carries it: numbers as floats, sequences as lists, others by name."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, (str, bytes)):
+        return repr(value)[:80]
     try:
-        return fn(*args)
-    except (NotImplementedError, CheckFailed, _TimeUp):
-        raise
-    except Exception as err:
-        frames = traceback.extract_tb(err.__traceback__)[1:]  # [0] is this function's own frame
-        ours = [f for f in frames if f.filename == frames[0].filename]  # the student's file
-        where = f" (line {ours[-1].lineno} of {Path(ours[-1].filename).name})" if ours else ""
-        raise CheckFailed(f"{call} raised {type(err).__name__}: {err}{where}", hint=hint) from err
+        return [_plain(v) for v in value]
+    except TypeError:
+        return f"<a {type(value).__name__}>"
+
+
+@driver
+def metrics_run(state: dict, objects: tuple, send: float, chunks: list[float], tokens: int) -> Any:
+    """``stream_metrics(send, chunks, tokens)``: its four fields, from a 4-tuple or an object with
+    attributes ``ttft``, ``itl``, ``tpot``, ``e2el``; or what it returned instead."""
+    result = objects[0](send, list(chunks), tokens)
+    fields = ("ttft", "itl", "tpot", "e2el")
+    if isinstance(result, (tuple, list)) and len(result) == 4:
+        return {"fields": [_plain(v) for v in result]}
+    if all(hasattr(result, f) for f in fields):
+        return {"fields": [_plain(getattr(result, f)) for f in fields]}
+    size = f" of {len(result)}" if isinstance(result, (tuple, list)) else ""
+    return {"other": f"a {type(result).__name__}{size}"}
+
+
+@driver
+def arrivals_run(state: dict, objects: tuple, num: int, rate: float, burstiness: float, seed: int) -> Any:
+    """``arrival_times(num, rate, burstiness, seed)`` as a list of floats, or what it returned."""
+    got = objects[0](num, rate, burstiness, seed)
+    try:
+        return [float(t) for t in got]
+    except (TypeError, ValueError):
+        return f"<a {type(got).__name__}>"
 
 
 def _round(x: Any) -> Any:
@@ -65,7 +88,7 @@ def _show(times: Sequence[float]) -> str:
     return f"[{shown}, ..., {times[-1]!r}] ({len(times)} chunks)"
 
 
-def _metric_cases(thorough: bool) -> list[tuple[str, float, list[float], int]]:
+def _metric_cases(seed: int, thorough: bool) -> list[tuple[str, float, list[float], int]]:
     """``(what the case is, send_time, chunk_times, num_tokens)``: the mistakes first, then random."""
     uneven = random.Random(11)
     t, many = 50.0, []
@@ -93,7 +116,7 @@ def _metric_cases(thorough: bool) -> list[tuple[str, float, list[float], int]]:
             9,
         ),
     ]
-    rng = random.Random(12)
+    rng = random.Random(seed)
     for i in range(40 if not thorough else 300):
         send = (0.0, round(rng.uniform(0, 100), 3), round(rng.uniform(1e5, 2e6), 4))[i % 3]
         t, chunks = round(send + rng.uniform(0.001, 3.0), 4), []
@@ -105,30 +128,22 @@ def _metric_cases(thorough: bool) -> list[tuple[str, float, list[float], int]]:
     return cases
 
 
-def _unpack(result: Any, call: str) -> tuple[Any, Any, Any, Any]:
-    """``(ttft, itl, tpot, e2el)`` from a 4-tuple or from an object with those attributes."""
-    fields = ("ttft", "itl", "tpot", "e2el")
-    if isinstance(result, (tuple, list)) and len(result) == 4:
-        return tuple(result)  # type: ignore[return-value]
-    if all(hasattr(result, f) for f in fields):
-        return tuple(getattr(result, f) for f in fields)  # type: ignore[return-value]
-    got = f"a {type(result).__name__}" + (f" of {len(result)}" if isinstance(result, (tuple, list)) else "")
-    raise CheckFailed(call + ": what it returns", "a tuple (ttft, itl, tpot, e2el)", got)
-
-
-def stream_metrics(stream_metrics: Callable[[float, list[float], int], Any], thorough: bool = False) -> int:
+def stream_metrics(student: Student, seed: int = 0, thorough: bool = False) -> int:
     """``stream_metrics(send_time, chunk_times, num_tokens) -> (ttft, itl, tpot, e2el)`` vs
     :func:`latency_stats.stream_metrics`: ``ttft`` first chunk - send, ``itl`` the gaps between
     consecutive chunks (a list one shorter than ``chunk_times``), ``tpot`` (last chunk - first
     chunk) / (num_tokens - 1) or None for one token, ``e2el`` last chunk - send; seconds, equal to
     10 us. A chunk may carry several tokens; timestamps may be ``time.perf_counter()``'s.
     A :class:`~latency_stats.StreamMetrics`-like object with those four attributes is accepted too."""
-    cases = _metric_cases(thorough)
+    cases = _metric_cases(seed, thorough)
     for what, send, chunks, tokens in cases:
         call = f"stream_metrics({send!r}, {_show(chunks)}, {tokens})"
         case = f"{call} ({what})" if what != "random" else call
         want = latency_stats.stream_metrics(send, chunks, tokens)
-        ttft, itl, tpot, e2el = _unpack(_call(stream_metrics, case, send, list(chunks), tokens), case)
+        got = student.call(case, "checks_load:metrics_run", send, list(chunks), tokens)
+        if "fields" not in got:
+            raise CheckFailed(case + ": what it returns", "a tuple (ttft, itl, tpot, e2el)", got["other"])
+        ttft, itl, tpot, e2el = got["fields"]
         first, last, span = chunks[0], chunks[-1], chunks[-1] - chunks[0]
         clock = send > 1e5
 
@@ -144,8 +159,8 @@ def stream_metrics(stream_metrics: Callable[[float, list[float], int], Any], tho
             hint = "subtract send_time: e2el is the wait from sending to the last chunk"
         _seconds(case + ": e2el", want.e2el, e2el, hint, clock)
 
-        if not isinstance(itl, Sequence) and not hasattr(itl, "__len__"):
-            raise CheckFailed(case + ": itl", "a list of gaps", type(itl).__name__)
+        if not isinstance(itl, list):
+            raise CheckFailed(case + ": itl", "a list of gaps", itl)
         hint = "one gap per pair of consecutive chunks: len(chunk_times) - 1 of them"
         if len(itl) == len(chunks):
             hint = "the wait before the first chunk is TTFT, not an ITL: len(chunk_times) - 1 gaps"
@@ -193,15 +208,13 @@ def _arrival_tolerances(burstiness: float, n: int) -> tuple[float, float]:
 
 
 def _times(
-    arrival_times: Callable[..., Any], num: int, rate: float, burstiness: float, seed: int, hint: str = ""
+    student: Student, num: int, rate: float, burstiness: float, seed: int, hint: str = ""
 ) -> tuple[str, list[float]]:
     """The student's send times for one call, checked for length, order and a start at or after 0."""
     call = f"arrival_times({num}, {rate!r}, {burstiness!r}, {seed})"
-    got = _call(arrival_times, call, num, rate, burstiness, seed, hint=hint)
-    try:
-        times = [float(t) for t in got]
-    except (TypeError, ValueError):
-        raise CheckFailed(call, f"a list of {num} send times", type(got).__name__) from None
+    times = student.call(call, "checks_load:arrivals_run", num, rate, burstiness, seed, hint=hint)
+    if not isinstance(times, list):
+        raise CheckFailed(call, f"a list of {num} send times", times)
     expect(call + ": number of send times", num, len(times), "one send time per request")
     if not math.isinf(rate):
         back = next((i for i in range(1, num) if not times[i] >= times[i - 1]), None)
@@ -219,7 +232,7 @@ def _times(
     return call, times
 
 
-def arrivals(arrival_times: Callable[..., Any], thorough: bool = False) -> int:
+def arrivals(student: Student, seed: int = 0, thorough: bool = False) -> int:
     """``arrival_times(num_requests, rate, burstiness, seed) -> [send time, ...]`` (seconds from the
     start, non-decreasing), the gaps between them gamma-distributed with shape ``burstiness`` and mean
     ``1 / rate`` (``burstiness=1`` a Poisson process; the gaps' CV is ``1 / sqrt(burstiness)``), all
@@ -227,28 +240,31 @@ def arrivals(arrival_times: Callable[..., Any], thorough: bool = False) -> int:
     :func:`paged_attention.experiments.loadgen.arrival_times`, but any generator passes: the check
     compares the mean and CV of 40,000 gaps with the gamma's (see :func:`_arrival_tolerances`), and
     only consecutive times are differenced, so the first request may be sent at 0 or after a gap."""
+    rng = random.Random(seed)
+    seeds = [rng.randrange(1_000_000) for _ in range(3 + len(ARRIVAL_PAIRS) + len(MORE_ARRIVAL_PAIRS))]
     passed = 0
-    _times(arrival_times, 5, 2.0, 1.0, 0)
+    _times(student, 5, 2.0, 1.0, seeds[0])
     passed += 1
     for burstiness in (1.0, 0.25) if thorough else (1.0,):
         call, times = _times(
-            arrival_times, 8, math.inf, burstiness, 0, "rate=inf sends every request at once: return zeros"
+            student, 8, math.inf, burstiness, seeds[0], "rate=inf sends every request at once: return zeros"
         )
         expect(call, [0.0] * 8, times, "rate=inf sends every request at once: every send time is 0")
         passed += 1
-    call, first = _times(arrival_times, 100, 5.0, 0.5, 11)
-    _, again = _times(arrival_times, 100, 5.0, 0.5, 11)
+    call, first = _times(student, 100, 5.0, 0.5, seeds[1])
+    _, again = _times(student, 100, 5.0, 0.5, seeds[1])
     if first != again:
         raise CheckFailed(
             call + " twice: the same list",
             hint="draw from a generator made from seed (random.Random(seed)), not from an unseeded one",
         )
-    _, other = _times(arrival_times, 100, 5.0, 0.5, 12)
+    _, other = _times(student, 100, 5.0, 0.5, seeds[2])
     if first == other:
-        raise CheckFailed(call + " and seed 12: different lists", hint="the seed must seed the draws")
+        raise CheckFailed(f"{call} and seed {seeds[2]}: different lists", hint="the seed must seed the draws")
     passed += 1
-    for seed, (rate, burstiness) in enumerate(ARRIVAL_PAIRS + (MORE_ARRIVAL_PAIRS if thorough else ())):
-        call, times = _times(arrival_times, NUM_GAPS + 1, rate, burstiness, seed)
+    pairs = ARRIVAL_PAIRS + (MORE_ARRIVAL_PAIRS if thorough else ())
+    for draw, (rate, burstiness) in zip(seeds[3:], pairs, strict=False):
+        call, times = _times(student, NUM_GAPS + 1, rate, burstiness, draw)
         gaps = [b - a for a, b in itertools.pairwise(times)]
         mean_tol, cv_tol = _arrival_tolerances(burstiness, len(gaps))
         mean = statistics.fmean(gaps)

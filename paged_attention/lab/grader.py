@@ -1,33 +1,40 @@
-"""The local grader: each exercise cell's code taken from a student's notebook, run on its own and
-checked with more cases than the notebook shows.
+"""The local grader: each exercise cell's code taken from a student's notebook, run on its own in a
+child process (:mod:`.sandbox`), and checked with more cases than the notebook shows, drawn afresh
+from a seed on every run.
 
-A cell is graded in a fresh namespace that holds only its exercise's ``setup`` (imports): so an
-exercise cell must define everything its check needs. Grading never runs the rest of the notebook.
+A cell is graded in a fresh interpreter whose namespace holds only its exercise's ``setup``
+(imports): so an exercise cell must define everything its check needs. Grading never runs the rest
+of the notebook, and never runs the student's code in the grader's own process: the verdict comes
+from comparing what the child reports with the package's own code, here.
+
+Statuses (:data:`STATUSES`): ``pass``; ``fail`` (a wrong answer, or an exception in the student's
+code, naming the case); ``unfinished`` (the exercise's ``NotImplementedError``); ``error`` (the cell
+cannot be graded: it raises while loading, lacks a name, uses the package's own implementation of
+the exercise, or ends its process); ``timeout`` and ``memory`` (past a limit); ``missing`` (no cell).
 """
 
 from __future__ import annotations
 
-import linecache
-import signal
-import threading
-import traceback
+import ast
+import secrets
+import textwrap
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checking import CheckFailed, run
+from .checking import CheckFailed, checker
 from .notebook import exercise_cells, read
 from .registry import EXERCISES, Exercise
+from .sandbox import MEMORY_LIMIT, TIME_LIMIT, CellError, ChildStudent, LimitExceeded, undumpable
 
-STATUSES = ("pass", "fail", "unfinished", "error", "missing")
-TIME_LIMIT = 300  # seconds per exercise
+STATUSES = ("pass", "fail", "unfinished", "error", "timeout", "memory", "missing")
 
 
 @dataclass(frozen=True)
 class Grade:
     """The result of one exercise: ``status`` is one of :data:`STATUSES`; ``detail`` the first
-    failing case (or the error), empty on a pass."""
+    failing case (or the error), empty on a pass; ``seed`` the seed its cases were drawn from."""
 
     exercise_id: str
     notebook: str
@@ -36,65 +43,101 @@ class Grade:
     earned: int
     detail: str = ""
     cases: int = 0
+    seed: int = 0
 
 
-class _TimeUp(Exception):
-    pass
+def fresh_seed() -> int:
+    """A seed for one grading run: the cases differ from run to run, so none can be hard-coded."""
+    return secrets.randbelow(2**31)
 
 
-def _alarm(seconds: int) -> bool:
-    """Arm a wall-clock limit where signals work (the main thread of a Unix process)."""
-    if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
-        return False
+def uses_reference(exercise: Exercise, code: str) -> str:
+    """Why the cell may not be graded because it uses the package's own implementation of the
+    exercise (a name in ``exercise.references``, or ``super().admits`` / ``super().victim`` for a
+    policy), or ``""``. Read from the text: nothing of the cell runs here."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return ""  # the child reports it, with its line
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+            call = node.value
+            if (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Name)
+                and call.func.id == "super"
+                and node.attr in exercise.names_overridden
+            ):
+                return (
+                    f"line {node.lineno} calls super().{node.attr}, the package's own rule: write it yourself"
+                )
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or "", *(alias.name for alias in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        for name in names:
+            for reference in exercise.references:
+                if reference == name or name.endswith("." + reference):
+                    return (
+                        f"line {node.lineno} uses {reference}, the package's own implementation of this "
+                        "exercise: write it yourself"
+                    )
+    return ""
 
-    def up(signum: int, frame: object) -> None:
-        raise _TimeUp
 
-    signal.signal(signal.SIGALRM, up)
-    signal.alarm(seconds)
-    return True
-
-
-def grade_cell(exercise: Exercise, code: str, notebook: str = "") -> Grade:
-    """Grade one exercise from the text of its cell (see the module docstring)."""
+def grade_cell(
+    exercise: Exercise,
+    code: str,
+    notebook: str = "",
+    seed: int | None = None,
+    time_limit: float = TIME_LIMIT,
+    memory_limit: int = MEMORY_LIMIT,
+) -> Grade:
+    """Grade one exercise from the text of its cell (see the module docstring); ``seed`` None draws
+    a fresh one."""
+    seed = fresh_seed() if seed is None else seed
 
     def result(status: str, detail: str = "", cases: int = 0) -> Grade:
         earned = exercise.points if status == "pass" else 0
-        return Grade(exercise.exercise_id, notebook, status, exercise.points, earned, detail, cases)
+        return Grade(exercise.exercise_id, notebook, status, exercise.points, earned, detail, cases, seed)
 
-    source = exercise.setup + code
-    filename = f"<lab {exercise.exercise_id}>"
-    # Triton reads a kernel's source through linecache: register the cell's text under its name.
-    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    namespace: dict = {"__name__": "__lab__"}
-    armed = _alarm(TIME_LIMIT)
+    refusal = uses_reference(exercise, code)
+    if refusal:
+        return result("error", refusal)
+    check = checker(exercise.exercise_id)
     try:
-        exec(compile(source, filename, "exec"), namespace)  # grading runs the student's code
-        missing = [name for name in exercise.names if name not in namespace]
-        if missing:
-            return result("error", f"the cell defines no {', '.join(missing)}")
-        cases = run(exercise.exercise_id, *(namespace[n] for n in exercise.names), thorough=True)
+        with undumpable(), ChildStudent(exercise, code, time_limit, memory_limit) as student:
+            cases = check(student, seed=seed, thorough=True)
         return result("pass", cases=cases)
     except NotImplementedError as err:
         return result("unfinished", str(err) or "NotImplementedError")
     except CheckFailed as err:
         return result("fail", str(err))
-    except _TimeUp:
-        return result("error", f"took longer than {TIME_LIMIT} s")
-    except Exception as err:  # the student's code may raise anything: report it, go on
-        frame = traceback.extract_tb(err.__traceback__)[-1]
+    except LimitExceeded as err:
+        return result(err.kind, str(err))
+    except CellError as err:
+        return result("error", str(err))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
+        # the child answered, but not in the driver's shape: its code was changed from the cell
         return result(
-            "error", f"{type(err).__name__}: {err} (line {frame.lineno} of {Path(frame.filename).name})"
+            "error", f"the cell's process gave an answer of the wrong shape ({type(err).__name__}: {err})"
         )
-    finally:
-        if armed:
-            signal.alarm(0)
 
 
-def grade_notebook(path: str | Path, only: Iterable[str] | None = None) -> list[Grade]:
-    """Grade every exercise of a notebook (or those in ``only``); an exercise the registry places in
-    this notebook whose cell is gone is graded ``missing``."""
+def grade_notebook(
+    path: str | Path,
+    only: Iterable[str] | None = None,
+    seed: int | None = None,
+    time_limit: float = TIME_LIMIT,
+) -> list[Grade]:
+    """Grade every exercise of a notebook (or those in ``only``), all from one seed (None: a fresh
+    one); an exercise the registry places in this notebook whose cell is gone is graded ``missing``."""
     path = Path(path)
+    seed = fresh_seed() if seed is None else seed
     wanted = set(only) if only is not None else None
     grades, seen = [], set()
     for cell in exercise_cells(read(path)):
@@ -103,7 +146,7 @@ def grade_notebook(path: str | Path, only: Iterable[str] | None = None) -> list[
         if wanted is not None and cell.exercise_id not in wanted:
             continue
         seen.add(cell.exercise_id)
-        grades.append(grade_cell(EXERCISES[cell.exercise_id], cell.source, path.name))
+        grades.append(grade_cell(EXERCISES[cell.exercise_id], cell.source, path.name, seed, time_limit))
     for exercise in EXERCISES.values():
         unseen = exercise.notebook == path.name and exercise.exercise_id not in seen
         if unseen and (wanted is None or exercise.exercise_id in wanted):
@@ -115,22 +158,29 @@ def grade_notebook(path: str | Path, only: Iterable[str] | None = None) -> list[
                     exercise.points,
                     0,
                     f"no cell tagged 'lab:{exercise.exercise_id}'",
+                    seed=seed,
                 )
             )
     return grades
 
 
 def table(grades: list[Grade]) -> str:
-    """The grades as a text table, with a total line."""
-    rows = [("exercise", "points", "result", "first failing case")]
-    rows += [(g.exercise_id, f"{g.earned}/{g.points}", g.status, g.detail[:150]) for g in grades]
+    """The grades as a text table, a total line, the seed, and each failing case in full below."""
+    rows = [("exercise", "points", "result")]
+    rows += [(g.exercise_id, f"{g.earned}/{g.points}", g.status) for g in grades]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [
-        "  ".join(cell.ljust(widths[i]) if i < 3 else cell for i, cell in enumerate(r)).rstrip() for r in rows
-    ]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip() for r in rows]
     earned, total = sum(g.earned for g in grades), sum(g.points for g in grades)
     passed = sum(g.status == "pass" for g in grades)
     lines.append(f"total: {earned}/{total} points, {passed} of {len(grades)} exercises pass")
+    seeds = sorted({g.seed for g in grades if g.status != "missing"})
+    if len(seeds) == 1:
+        lines.append(f"cases drawn from seed {seeds[0]} (--seed {seeds[0]} draws the same ones again)")
+    for g in grades:
+        if g.detail:
+            lines.append("")
+            lines.append(f"{g.exercise_id} ({g.status}):")
+            lines += textwrap.wrap(g.detail, 100, initial_indent="  ", subsequent_indent="  ")
     return "\n".join(lines)
 
 

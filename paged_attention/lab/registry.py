@@ -24,6 +24,10 @@ class Exercise:
     setup: str = ""
     points: int = 1
     minutes: int = 20
+    # the package's own implementation of the exercise: a cell that names one is not graded
+    references: tuple[str, ...] = ()
+    # for a class exercise, the methods the student writes (``super().<method>`` is the package's)
+    names_overridden: tuple[str, ...] = ()
 
 
 TORCH = "import torch\n"
@@ -39,6 +43,7 @@ _ALL = (
         ("kv_bytes_per_token",),
         "checks_memory:kv_bytes",
         minutes=10,
+        references=("KVCacheSpec", "bytes_per_token"),
     ),
     Exercise(
         "02.free_queue",
@@ -50,6 +55,7 @@ _ALL = (
         BLOCKS,
         points=2,
         minutes=30,
+        references=("FreeBlockQueue", "BlockAllocator"),
     ),
     Exercise(
         "02.slot_mapping",
@@ -59,6 +65,7 @@ _ALL = (
         ("slot_mapping",),
         "checks_memory:slot_mapping",
         minutes=10,
+        references=("PageTable", "build_slot_mapping", "written_slots"),
     ),
     Exercise(
         "02.copy_on_write",
@@ -69,6 +76,7 @@ _ALL = (
         "checks_memory:copy_on_write",
         points=2,
         minutes=20,
+        references=("PageTable", "append_tokens", "needs_copy_on_write"),
     ),
     Exercise(
         "03.online_softmax",
@@ -111,6 +119,8 @@ _ALL = (
         "from paged_attention.engine.scheduler import SchedulingPolicy\n",
         points=2,
         minutes=25,
+        references=("can_admit", "_blocks_to_start"),
+        names_overridden=("admits", "victim"),
     ),
     Exercise(
         "06.first_fit",
@@ -121,6 +131,7 @@ _ALL = (
         "checks_serving:first_fit",
         points=2,
         minutes=20,
+        references=("FirstFitAllocator",),
     ),
     Exercise(
         "08.block_hashes",
@@ -131,6 +142,7 @@ _ALL = (
         "checks_memory:block_hashes",
         "from paged_attention.memory.prefix_cache import hash_block_tokens\n",
         minutes=15,
+        references=("extend_block_hashes",),
     ),
     Exercise(
         "09.stream_metrics",
@@ -140,6 +152,7 @@ _ALL = (
         ("stream_metrics",),
         "checks_load:stream_metrics",
         minutes=15,
+        references=("latency_stats",),
     ),
     Exercise(
         "09.arrivals",
@@ -150,6 +163,7 @@ _ALL = (
         "checks_load:arrivals",
         points=2,
         minutes=20,
+        references=("loadgen",),
     ),
 )
 

@@ -132,7 +132,19 @@ class PagedKVCacheManager:
     def lookup_prefix(self, seq: CachedSequence) -> int:
         return len(self._cached_blocks(seq)) * self.block_size
 
+    def num_free_prefix_blocks(self, seq: CachedSequence) -> int:
+        """How many of the blocks holding a waiting ``seq``'s first ``num_computed_tokens`` (its
+        prefix-cache hit) sit in the free queue: cached, but held by no running sequence. Admitting
+        ``seq`` takes them out of the free queue, so they cost free blocks as new ones do (vLLM v1
+        counts them the same way); blocks of the hit that others hold cost nothing. 0 without a hit,
+        and for a sequence that already holds memory."""
+        if seq.seq_id in self._tables:
+            return 0
+        return self._num_free(self._reused_blocks(seq))
+
     def can_admit(self, seq: CachedSequence, num_new_tokens: int) -> bool:
+        """The blocks ``seq`` needs beyond its prefix-cache hit, plus the hit's blocks now in the free
+        queue (:meth:`num_free_prefix_blocks`), must leave ``watermark_blocks`` free."""
         needed = self._blocks_to_start(seq, num_new_tokens, self._reused_blocks(seq))
         return self.allocator.num_free_blocks - needed >= self.watermark_blocks
 
@@ -269,7 +281,10 @@ class PagedKVCacheManager:
     def _blocks_to_start(self, seq: CachedSequence, num_new_tokens: int, reused: list[int]) -> int:
         """Free blocks a new sequence takes: the ones it lacks, plus reused ones now in the free queue."""
         needed = cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size) - len(reused)
-        return needed + sum(1 for b in reused if self.allocator.is_free(b))
+        return needed + self._num_free(reused)
+
+    def _num_free(self, block_ids: list[int]) -> int:
+        return sum(1 for b in block_ids if self.allocator.is_free(b))
 
     def _block_hashes(self, seq: CachedSequence, num_blocks: int) -> list[bytes]:
         """``seq.block_hashes``, extended to at least ``num_blocks`` full blocks if it has them."""

@@ -26,6 +26,17 @@ def merge_right(maxes, sums, outs):
     return (weights[:, None] * outs).sum(0) / weights.sum()
 
 
+def merge_exp_max(maxes, sums, outs):
+    weights = torch.exp(maxes) * sums  # right in exact arithmetic; overflows (or underflows) without the global max
+    return (weights[:, None] * outs).sum(0) / weights.sum()
+
+
+def online_no_max(m, total, acc, scores, values):
+    new_m = torch.maximum(m, scores.max())
+    weights = torch.exp(scores)  # sums exp(score) itself: overflows near 1,000
+    return new_m, total + weights.sum(), acc + weights @ values
+
+
 def merge_ignores_max(maxes, sums, outs):
     return (sums[:, None] * outs).sum(0) / sums.sum()
 

@@ -56,6 +56,25 @@ class FreeQueueRight:
             block = block.next_free
 
 
+class FreeQueueKeepsLinks(FreeQueueRight):
+    """Right order and length, but a block taken out keeps its old links (the hint says to clear them)."""
+
+    def remove(self, block):
+        block.prev_free.next_free = block.next_free
+        block.next_free.prev_free = block.prev_free
+        self.count -= 1
+
+
+class FreeQueueScans(FreeQueueRight):
+    """Right links, but remove walks from the front to find the block: O(n)."""
+
+    def remove(self, block):
+        node = self.root.next_free
+        while node is not block:
+            node = node.next_free
+        super().remove(node)
+
+
 class FreeQueueList:
     """Right answers, O(n) time: a Python list scans on remove and shifts on popleft."""
 

@@ -7,9 +7,11 @@ from paged_attention.engine.scheduler import SchedulingPolicy
 
 class PolicyRight(SchedulingPolicy):
     def admits(self, seq, num_new_tokens, cache_manager):
-        tokens = seq.num_computed_tokens + num_new_tokens
-        blocks = (tokens + cache_manager.block_size - 1) // cache_manager.block_size
-        return cache_manager.num_free_blocks - blocks >= cache_manager.watermark_blocks
+        size = cache_manager.block_size
+        total = (seq.num_computed_tokens + num_new_tokens + size - 1) // size
+        cached = seq.num_computed_tokens // size  # whole blocks of the prefix-cache hit
+        taken = total - cached + cache_manager.num_free_prefix_blocks(seq)
+        return taken + cache_manager.watermark_blocks <= cache_manager.num_free_blocks
 
     def victim(self, running):
         return max(running, key=lambda s: s.order_key)
@@ -24,6 +26,30 @@ class PolicyNoWatermark(PolicyRight):
     def admits(self, seq, num_new_tokens, cache_manager):
         blocks = -(-(seq.num_computed_tokens + num_new_tokens) // cache_manager.block_size)
         return blocks <= cache_manager.num_free_blocks
+
+
+class PolicyIgnoresComputed(PolicyRight):
+    def admits(self, seq, num_new_tokens, cache_manager):
+        blocks = -(-num_new_tokens // cache_manager.block_size)  # forgets the hit's blocks in the free queue
+        return cache_manager.num_free_blocks - blocks >= cache_manager.watermark_blocks
+
+
+class PolicyCountsHeldHit(PolicyRight):
+    def admits(self, seq, num_new_tokens, cache_manager):
+        tokens = seq.num_computed_tokens + num_new_tokens  # counts the hit's blocks even when others hold them
+        blocks = -(-tokens // cache_manager.block_size)
+        return cache_manager.num_free_blocks - blocks >= cache_manager.watermark_blocks
+
+
+class PolicyStrict(PolicyRight):
+    def admits(self, seq, num_new_tokens, cache_manager):
+        blocks = -(-num_new_tokens // cache_manager.block_size) + cache_manager.num_free_prefix_blocks(seq)
+        return cache_manager.num_free_blocks - blocks > cache_manager.watermark_blocks  # > instead of >=
+
+
+class PolicyFirstRunning(PolicyRight):
+    def victim(self, running):
+        return min(running, key=lambda s: s.arrival_time)  # the oldest, as PolicyOldestVictim, by time
 
 
 class PolicyFloor(PolicyRight):
