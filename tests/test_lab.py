@@ -9,6 +9,7 @@ import re
 import pytest
 
 from paged_attention.lab import EXERCISES
+from paged_attention.memory.allocator import KVCacheBlock
 from paged_attention.lab.checking import CheckFailed, run
 from paged_attention.lab.grader import grade_cell, junit_xml, table
 from paged_attention.lab.notebook import LabError, student_notebook
@@ -289,7 +290,7 @@ def test_a_crash_names_the_case_and_the_students_own_line() -> None:
     expected = rf"popleft\(\) on the now empty queue raised AttributeError: .* \(line {line} of your cell\)$"
     grade = grade_cell(EXERCISES["02.free_queue"], CRASHING_QUEUE, seed=1)
     assert grade.status == "fail" and re.search(expected, grade.detail), grade.detail
-    local: dict = {"KVCacheBlock": __import__("paged_attention.memory.allocator").memory.allocator.KVCacheBlock}
+    local: dict = {"KVCacheBlock": KVCacheBlock}
     exec(compile(CRASHING_QUEUE, "<a notebook cell>", "exec"), local)  # as a notebook's check cell sees it
     with pytest.raises(CheckFailed, match=expected):
         run("02.free_queue", local["FreeQueue"])

@@ -27,7 +27,7 @@ def merge_right(maxes, sums, outs):
 
 
 def merge_exp_max(maxes, sums, outs):
-    weights = torch.exp(maxes) * sums  # right in exact arithmetic; overflows (or underflows) without the global max
+    weights = torch.exp(maxes) * sums  # exact in theory; overflows or underflows without the global max
     return (weights[:, None] * outs).sum(0) / weights.sum()
 
 

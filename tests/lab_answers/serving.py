@@ -36,7 +36,7 @@ class PolicyIgnoresComputed(PolicyRight):
 
 class PolicyCountsHeldHit(PolicyRight):
     def admits(self, seq, num_new_tokens, cache_manager):
-        tokens = seq.num_computed_tokens + num_new_tokens  # counts the hit's blocks even when others hold them
+        tokens = seq.num_computed_tokens + num_new_tokens  # counts the hit's blocks, even held ones
         blocks = -(-tokens // cache_manager.block_size)
         return cache_manager.num_free_blocks - blocks >= cache_manager.watermark_blocks
 
