@@ -9,11 +9,11 @@ import re
 import pytest
 
 from paged_attention.lab import EXERCISES
-from paged_attention.memory.allocator import KVCacheBlock
 from paged_attention.lab.checking import CheckFailed, run
 from paged_attention.lab.grader import grade_cell, junit_xml, table
 from paged_attention.lab.notebook import LabError, student_notebook
 from paged_attention.lab.registry import UNPLACED_CHECKS
+from paged_attention.memory.allocator import KVCacheBlock
 from tests.lab_answers import kernels, load, memory, serving
 
 # For every exercise: answers written apart from the notebooks, one right (written differently from
