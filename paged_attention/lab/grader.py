@@ -51,20 +51,86 @@ def fresh_seed() -> int:
     return secrets.randbelow(2**31)
 
 
-def uses_reference(exercise: Exercise, code: str) -> str:
-    """Why the cell may not be graded because it uses the package's own implementation of the
-    exercise (a name in ``exercise.references``, or ``super().admits`` / ``super().victim`` for a
-    policy), or ``""``. Read from the text: nothing of the cell runs here."""
+# What no exercise needs and every way into the grader or the package's internals uses: a cell that
+# names one is not run. (The child process is the wall; this screen keeps the plain ways out of it.)
+NOT_RUN = "the grader does not run such cells"
+OFF_LIMITS_MODULES = (
+    "paged_attention.lab",
+    "importlib",
+    "ctypes",
+    "gc",
+    "inspect",
+    "os",
+    "subprocess",
+    "sys",
+    "builtins",
+    "signal",
+    "resource",
+    "multiprocessing",
+    "threading",
+    "pickle",
+)
+OFF_LIMITS_NAMES = (
+    "__import__",
+    "exec",
+    "eval",
+    "compile",
+    "globals",
+    "vars",
+    "open",
+    "breakpoint",
+    "__builtins__",
+)
+OFF_LIMITS_ATTRIBUTES = (
+    "__globals__",
+    "__builtins__",
+    "__subclasses__",
+    "__code__",
+    "__closure__",
+    "__dict__",
+    "__loader__",
+    "__spec__",
+    "__getattribute__",
+    "__reduce__",
+    "__reduce_ex__",
+    "f_globals",
+    "f_locals",
+    "f_back",
+    "gi_frame",
+    "tb_frame",
+    "modules",
+    "_exit",
+)
+
+
+def screen(exercise: Exercise, code: str) -> str:
+    """Why the cell is not graded, or ``""``: it uses the package's own implementation of the
+    exercise (a name in ``exercise.references``, or ``super().admits``-style calls to the methods it
+    must write), or a module, builtin or attribute of :data:`OFF_LIMITS_MODULES` and the like, which
+    no exercise needs. Read from the text: nothing of the cell runs here."""
     try:
         tree = ast.parse(code)
     except SyntaxError:
         return ""  # the child reports it, with its line
     for node in ast.walk(tree):
-        names: list[str] = []
-        if isinstance(node, ast.Name):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = (
+                [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            )
+            for module in modules:
+                if any(module == m or module.startswith(m + ".") for m in OFF_LIMITS_MODULES):
+                    return f"line {line} imports {module}, which no exercise needs: {NOT_RUN}"
+            names = modules + [alias.name for alias in node.names]
+        elif isinstance(node, ast.Name):
+            if node.id in OFF_LIMITS_NAMES:
+                return (
+                    f"line {line} uses {node.id}, which no exercise needs: the grader does not run such cells"
+                )
             names = [node.id]
         elif isinstance(node, ast.Attribute):
-            names = [node.attr]
+            if node.attr in OFF_LIMITS_ATTRIBUTES:
+                return f"line {line} reads .{node.attr}, which no exercise needs: {NOT_RUN}"
             call = node.value
             if (
                 isinstance(call, ast.Call)
@@ -72,19 +138,16 @@ def uses_reference(exercise: Exercise, code: str) -> str:
                 and call.func.id == "super"
                 and node.attr in exercise.names_overridden
             ):
-                return (
-                    f"line {node.lineno} calls super().{node.attr}, the package's own rule: write it yourself"
-                )
-        elif isinstance(node, ast.ImportFrom):
-            names = [node.module or "", *(alias.name for alias in node.names)]
-        elif isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+                return f"line {line} calls super().{node.attr}, the package's own rule: write it yourself"
+            names = [node.attr]
+        else:
+            continue
         for name in names:
             for reference in exercise.references:
                 if reference == name or name.endswith("." + reference):
                     return (
-                        f"line {node.lineno} uses {reference}, the package's own implementation of this "
-                        "exercise: write it yourself"
+                        f"line {line} uses {reference}, the package's own implementation of this exercise: "
+                        "write it yourself"
                     )
     return ""
 
@@ -105,7 +168,7 @@ def grade_cell(
         earned = exercise.points if status == "pass" else 0
         return Grade(exercise.exercise_id, notebook, status, exercise.points, earned, detail, cases, seed)
 
-    refusal = uses_reference(exercise, code)
+    refusal = screen(exercise, code)
     if refusal:
         return result("error", refusal)
     check = checker(exercise.exercise_id)
