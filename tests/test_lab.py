@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,8 @@ from paged_attention.lab.notebook import LabError, student_notebook
 from paged_attention.lab.registry import UNPLACED_CHECKS
 from paged_attention.memory.allocator import KVCacheBlock
 from tests.lab_answers import kernels, load, memory, serving
+
+ROOT_NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 # For every exercise: answers written apart from the notebooks, one right (written differently from
 # the notebook's solution) and plausible wrong ones a student might write.
@@ -337,3 +340,30 @@ def test_an_unfinished_triton_kernel_is_unfinished_not_an_error() -> None:
     )
     grade = grade_cell(EXERCISES["03.block_table"], code)
     assert (grade.status, grade.detail) == ("unfinished", "Exercise 03.block_table: later")
+
+
+def test_lab_grade_without_notebooks_grades_the_student_build_or_refuses(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from paged_attention.cli import lab as lab_command
+    from paged_attention.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(lab_command, "ROOT", tmp_path)  # no build/student in the repository either
+    with pytest.raises(SystemExit, match=r"no student build in build/student/.*make student"):
+        main(["lab", "grade"])
+    build = tmp_path / "build" / "student"
+    build.mkdir(parents=True)
+    (build / "mine.ipynb").write_text(json.dumps(notebook(cell(SOLVED, ["lab:01.kv_bytes"]))))
+    assert main(["lab", "grade", "--seed", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "1/1 points" in out and "seed 4" in out and "INSTRUCTOR" not in out
+
+
+def test_grading_the_instructor_notebooks_says_so_loudly(capsys) -> None:
+    from paged_attention.cli.main import main
+
+    path = next(p for p in (ROOT_NOTEBOOKS).glob("01_*.ipynb"))
+    assert main(["lab", "grade", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("These are the INSTRUCTOR notebooks (01_kv_cache.ipynb)") == 2
