@@ -9,6 +9,7 @@
 - :mod:`.sharing`: the prefix tree, memory saved by sharing, prefix-caching speedup, sharing over
   time; the sharing experiments' results as figures and tables.
 - :mod:`.serving`: latency against request rate through the real server, per manager (measured).
+- :mod:`.diagrams`: the sentinel-linked free queue, the states of a request.
 - :mod:`.memory_map`: the same memory maps as text.
 - :mod:`.tables`: results as plain-text tables.
 
@@ -16,10 +17,11 @@ Use ``from paged_attention import viz``, then ``fig = viz.memory.block_map(...)`
 ``viz.save(fig, "block_map")``.
 """
 
-from . import kernels, memory, memory_map, paper, scheduling, serving, sharing, style, tables
+from . import diagrams, kernels, memory, memory_map, paper, scheduling, serving, sharing, style, tables
 from .style import figures_dir, repo_root, save, stored_results
 
 __all__ = [
+    "diagrams",
     "figures_dir",
     "kernels",
     "memory",

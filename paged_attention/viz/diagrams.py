@@ -1,0 +1,196 @@
+"""Diagrams of structures and state machines, drawn from the package's own data: the
+sentinel-linked free queue (notebook 02) and the life of a request in the scheduler (notebook 04).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+from ..engine.sequence import SequenceStatus
+from .style import COLORS
+
+SENTINEL_COLOR = "#cbd5e0"
+
+
+def _box(ax, x: float, y: float, text: str, color: str, width: float = 0.8, height: float = 0.5) -> None:
+    ax.add_patch(
+        FancyBboxPatch(
+            (x - width / 2, y - height / 2),
+            width,
+            height,
+            boxstyle="round,pad=0.02",
+            facecolor=color,
+            edgecolor="#2d3748",
+        )
+    )
+    ax.text(
+        x,
+        y,
+        text,
+        ha="center",
+        va="center",
+        fontsize=9,
+        color="white" if color != SENTINEL_COLOR else "black",
+    )
+
+
+def _arrow(ax, start: tuple[float, float], end: tuple[float, float], color: str, rad: float = 0.0) -> None:
+    ax.add_patch(
+        FancyArrowPatch(
+            start,
+            end,
+            arrowstyle="-|>",
+            mutation_scale=10,
+            color=color,
+            connectionstyle=f"arc3,rad={rad}",
+            shrinkA=2,
+            shrinkB=2,
+        )
+    )
+
+
+def free_queue(states: Sequence[tuple[str, Sequence[int], Sequence[int]]]) -> Figure:
+    """One row per state ``(caption, block ids front to back, block ids taken out)``: the head
+    sentinel, the blocks, the tail sentinel, ``next_free`` links above (to the right) and
+    ``prev_free`` links below (to the left); a block taken out stands apart with both links None."""
+    width = max(len(order) + len(out) for _, order, out in states) + 3
+    fig, ax = plt.subplots(figsize=(1.15 * width + 1, 1.35 * len(states) + 0.4))
+    for row, (caption, order, out) in enumerate(states):
+        y = -1.35 * row
+        nodes = [("head", SENTINEL_COLOR)] + [(f"block {b}", COLORS["tokens"]) for b in order]
+        nodes.append(("tail", SENTINEL_COLOR))
+        for i, (label, color) in enumerate(nodes):
+            _box(ax, i, y, label, color)
+        for i in range(len(nodes) - 1):
+            _arrow(ax, (i + 0.3, y + 0.12), (i + 0.7, y + 0.12), "#2f855a", rad=-0.35)
+            _arrow(ax, (i + 0.7, y - 0.12), (i + 0.3, y - 0.12), "#c05621", rad=-0.35)
+        for j, block in enumerate(out):
+            x = len(nodes) + 0.6 + j
+            _box(ax, x, y, f"block {block}", COLORS["wasted"])
+            ax.text(x, y - 0.42, "links: None", ha="center", va="top", fontsize=7)
+        ax.text(-0.5, y + 0.45, caption, ha="left", va="bottom", fontsize=9)
+    ax.text(width - 1.4, 0.55, "next_free →", color="#2f855a", fontsize=8, ha="right")
+    ax.text(width - 1.4, 0.38, "← prev_free", color="#c05621", fontsize=8, ha="right")
+    ax.set_xlim(-0.7, width)
+    ax.set_ylim(-1.35 * len(states) + 0.6, 0.9)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+# The scheduler's moves (engine/scheduler.py): from, to, where the arrow starts and ends (offsets
+# from the two boxes' centres), its bend, its label and where the label sits.
+TRANSITIONS = (
+    (
+        "waiting",
+        "running",
+        (0.7, 0),
+        (-0.7, 0),
+        0.0,
+        "admitted: its prompt's blocks\nleave the watermark free",
+        (1.7, 0.12),
+        "center",
+    ),
+    (
+        "running",
+        "finished",
+        (0.7, 0),
+        (-0.7, 0),
+        0.0,
+        "stop token or string,\nmax_tokens",
+        (5.1, 0.12),
+        "center",
+    ),
+    (
+        "running",
+        "preempted",
+        (-0.35, -0.32),
+        (0.35, 0.32),
+        0.0,
+        "preempted (recompute):\nits blocks freed",
+        (2.65, -1.1),
+        "left",
+    ),
+    (
+        "preempted",
+        "waiting",
+        (-0.35, 0.32),
+        (0.35, -0.32),
+        0.0,
+        "back at the front\nof the waiting queue",
+        (0.75, -1.1),
+        "right",
+    ),
+    (
+        "running",
+        "swapped",
+        (0.25, -0.32),
+        (-0.45, 0.32),
+        0.0,
+        "preempted (swap):\nblocks copied to CPU",
+        (3.75, -2.0),
+        "right",
+    ),
+    (
+        "swapped",
+        "running",
+        (-0.15, 0.32),
+        (0.55, -0.32),
+        0.0,
+        "swapped back in,\nbefore any admission",
+        (4.75, -0.75),
+        "left",
+    ),
+    (
+        "waiting",
+        "finished",
+        (0.2, 0.32),
+        (-0.2, 0.32),
+        -0.3,
+        "aborted (from any state)",
+        (3.4, 1.3),
+        "center",
+    ),
+)
+POSITIONS = {
+    "waiting": (0, 0),
+    "running": (3.4, 0),
+    "finished": (6.8, 0),
+    "preempted": (1.7, -2.2),
+    "swapped": (5.1, -2.2),
+}
+
+
+def request_states() -> Figure:
+    """The states of a sequence (:class:`SequenceStatus`) and the scheduler's moves between them."""
+    states = [s.value for s in SequenceStatus]
+    assert set(states) == set(POSITIONS), "a state of SequenceStatus is missing from the diagram"
+    fig, ax = plt.subplots(figsize=(9.0, 4.2))
+    colors = {
+        "waiting": "#dd6b20",
+        "running": COLORS["tokens"],
+        "finished": "#2f855a",
+        "preempted": COLORS["wasted"],
+        "swapped": "#6b46c1",
+    }
+    for state in states:
+        x, y = POSITIONS[state]
+        _box(ax, x, y, state.upper(), colors[state], width=1.3, height=0.6)
+    for start, end, out, into, rad, label, (lx, ly), ha in TRANSITIONS:
+        (x0, y0), (x1, y1) = POSITIONS[start], POSITIONS[end]
+        _arrow(ax, (x0 + out[0], y0 + out[1]), (x1 + into[0], y1 + into[1]), "#2d3748", rad=rad)
+        ax.text(lx, ly, label, ha=ha, va="bottom" if ly >= 0 else "center", fontsize=7.5)
+    ax.set_xlim(-1, 7.6)
+    ax.set_ylim(-2.7, 1.6)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(
+        "The life of a request in the scheduler (the paper's vLLM, v0; v1 has no swapping)", fontsize=10
+    )
+    fig.tight_layout()
+    return fig
