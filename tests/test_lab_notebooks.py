@@ -5,6 +5,7 @@ and still runs top to bottom with no error but the expected ones."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,21 @@ def test_the_teaching_guide_lists_every_exercise() -> None:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1] == exercise.notebook[:2], row
         assert cells[3:] == [str(exercise.minutes), str(exercise.points)], row
+
+
+def test_the_teaching_guide_quotes_what_students_see() -> None:
+    """The pass line TEACHING.md quotes is in notebook 02's stored output, and its example failure
+    is what the notebook's check raises for slot_mapping that ignores the page table."""
+    from paged_attention.lab.checking import CheckFailed, run
+    from tests.lab_answers.memory import slot_mapping_logical
+
+    guide = (ROOT / "notebooks" / "TEACHING.md").read_text()
+    nb = read(ROOT / "notebooks" / "02_allocator_and_page_table.ipynb")
+    printed = "".join(
+        "".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]
+    )
+    pass_line = re.search(r"`(✓ [^`]+)`", guide).group(1)
+    assert pass_line in printed, (pass_line, "not in notebook 02's outputs")
+    with pytest.raises(CheckFailed) as failure:
+        run("02.slot_mapping", slot_mapping_logical)
+    assert f"CheckFailed: {failure.value}" in guide
