@@ -276,7 +276,8 @@ def scheduling_policy(student: Student, seed: int = 0, thorough: bool = False) -
         )
     for num_blocks, block_size, watermark, rate, n in configs:
         trace = _trace(rng, n, rate)
-        trace = [r for r in trace if -(-(r.prompt_len + r.output_len) // block_size) <= num_blocks * 0.9]
+        room = num_blocks - int(watermark * num_blocks)  # what one request may take, watermark aside
+        trace = [r for r in trace if -(-(r.prompt_len + r.output_len) // block_size) <= room]
         plain = [[r.prompt_len, r.output_len, r.arrival_time] for r in trace]
         config = [num_blocks, block_size, watermark]
         case = f"{num_blocks} blocks of {block_size}, watermark {watermark:.0%}"

@@ -185,9 +185,12 @@ def grade_cell(
     except CellError as err:
         return result("error", str(err))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
-        # the child answered, but not in the driver's shape: its code was changed from the cell
+        # an answer of the cell's process the check could not read (its drivers were changed), or a
+        # bug in the check itself: either way no points, and the whole message
         return result(
-            "error", f"the cell's process gave an answer of the wrong shape ({type(err).__name__}: {err})"
+            "error",
+            f"grading stopped: {type(err).__name__}: {err} (an answer from the cell's process that the check "
+            "could not read, or a bug in the check: please report it)",
         )
 
 
