@@ -71,6 +71,7 @@ ANSWERS = {
             load.arrival_times_gaps,
             load.arrival_times_no_inf,
             load.arrival_times_unseeded,
+            load.arrival_times_two_values,
         ],
     ),
 }
@@ -126,6 +127,7 @@ def test_the_packages_own_load_code_passes_the_load_checks() -> None:
         ("09.arrivals", load.arrival_times_gaps, "not the gaps themselves"),
         ("09.arrivals", load.arrival_times_no_inf, "raised ValueError"),
         ("09.arrivals", load.arrival_times_unseeded, "random.Random(seed)"),
+        ("09.arrivals", load.arrival_times_two_values, "Kolmogorov-Smirnov"),
         ("02.free_queue", memory.FreeQueueKeepsLinks, "a block out of the queue has no links"),
         ("02.free_queue", memory.FreeQueueList, "a block in the queue links to its neighbours"),
         ("02.free_queue", memory.FreeQueueScans, "never scan the queue"),
@@ -313,12 +315,14 @@ def test_the_grader_runs_a_triton_kernel_from_cell_text() -> None:
 def test_the_report_and_junit_xml() -> None:
     grades = [
         grade_cell(EXERCISES["01.kv_bytes"], SOLVED, "01.ipynb"),
-        grade_cell(EXERCISES["01.kv_bytes"], "raise NotImplementedError('later')\n", "01.ipynb"),
+        grade_cell(
+            EXERCISES["01.kv_bytes"], "raise NotImplementedError('Exercise 01.kv_bytes: later')\n", "01.ipynb"
+        ),
     ]
     text = table(grades)
     assert "total: 1/2 points, 1 of 2 exercises pass" in text and "unfinished" in text
     xml = junit_xml(grades)
-    assert 'tests="2"' in xml and 'failures="1"' in xml and "unfinished: later" in xml
+    assert 'tests="2"' in xml and 'failures="1"' in xml and "unfinished: Exercise 01.kv_bytes: later" in xml
 
 
 def test_the_lab_command(tmp_path, capsys) -> None:

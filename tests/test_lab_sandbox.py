@@ -178,6 +178,9 @@ def test_every_run_draws_fresh_cases() -> None:
 
 
 REFERENCE_ALIAS = "from paged_attention.memory.allocator import FreeBlockQueue as FreeQueue\n"
+REFERENCE_BY_NAME = """import paged_attention.memory.allocator as allocator
+FreeQueue = getattr(allocator, "".join(["FreeBlock", "Queue"]))
+"""
 REPORTS_THE_REFERENCE = (
     """
 import paged_attention.lab.checks_memory as checks
@@ -193,7 +196,12 @@ from paged_attention.memory.allocator import KVCacheBlock
         (PATCH_GRADER + STUB, "error", "line 2 imports paged_attention.lab.grader, which no exercise needs"),
         (PATCH_CHECKS + STUB, "error", "line 2 imports paged_attention.lab.checking"),
         (REPORTS_THE_REFERENCE, "error", "line 2 imports paged_attention.lab.checks_memory"),
-        (REFERENCE_ALIAS, "error", "line 1 uses FreeBlockQueue, the package's own implementation"),
+        (REFERENCE_ALIAS, "error", "line 1 imports FreeBlockQueue from paged_attention.memory.allocator"),
+        (REFERENCE_BY_NAME + STUB, "error", "line 2 uses getattr, which no exercise needs"),
+        ("from paged_attention import lab\n" + STUB, "error", "line 1 imports from paged_attention"),
+        ("import _thread\n" + STUB, "error", "line 1 imports _thread, which no exercise needs"),
+        ("q = 'FreeBlock' 'Queue'\n" + STUB, "error", "names FreeBlockQueue in a string"),
+        ("x = ().__class__.__base__\n" + STUB, "error", "reads .__base__"),
         (STACK, "error", "uses FreeBlockQueue"),
         (FAKE_PASS + STUB, "unfinished", "Exercise 02.free_queue: "),
         ("raise SystemExit(0)\n" + STUB, "error", "the cell called exit(0) while loading"),
@@ -210,6 +218,36 @@ def test_every_cheating_cell_earns_nothing(code: str, status: str, detail: str) 
     assert detail in grade.detail, grade.detail
 
 
+def test_a_cell_cannot_write_outside_its_own_folder(tmp_path: Path) -> None:
+    target = tmp_path / "written-by-a-cell.txt"
+    with ChildStudent(EXERCISES["01.kv_bytes"], "def kv_bytes_per_token(*a):\n    return 0\n") as probe:
+        confined = probe.confined
+    outcome = unscreened(f"open({str(target)!r}, 'w').write('x')\n" + STUB)
+    if not confined:
+        pytest.skip("this system allows no mount namespace here: the cell can write where its user can")
+    assert not target.exists() and "Read-only file system" in outcome
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        "from paged_attention.engine.scheduler import SchedulingPolicy\nPolicy = SchedulingPolicy\n",
+        "class Policy(SchedulingPolicy):\n    pass\n",
+        "class Policy(SchedulingPolicy):\n    def victim(self, running):\n        return running[-1]\n",
+    ],
+    ids=["the package's class", "inherits both", "inherits admits"],
+)
+def test_a_policy_that_inherits_the_packages_rule_earns_nothing(cell: str) -> None:
+    grade = grade_cell(EXERCISES["04.scheduling_policy"], cell)
+    assert (grade.status, grade.earned) == ("fail", 0) and "inherits" in grade.detail, grade.detail
+
+
+def test_a_kernel_that_is_not_a_triton_kernel_earns_nothing() -> None:
+    cell = "def paged_scores_kernel(*args, **kwargs):\n    return None\n"
+    grade = grade_cell(EXERCISES["03.block_table"], cell)
+    assert (grade.status, grade.earned) == ("fail", 0) and "not a @triton.jit kernel" in grade.detail
+
+
 def test_the_policy_cannot_call_the_packages_own_rule() -> None:
     cell = student_cell("04.scheduling_policy")
     lazy = cell.replace(
@@ -217,7 +255,7 @@ def test_the_policy_cannot_call_the_packages_own_rule() -> None:
         "return super().admits(seq, num_new_tokens, cache_manager)  # (",
         1,
     )
-    assert "calls super().admits, the package's own rule" in screen(EXERCISES["04.scheduling_policy"], lazy)
+    assert "reads .admits of something else than self" in screen(EXERCISES["04.scheduling_policy"], lazy)
     direct = cell.replace(
         'raise NotImplementedError("Exercise 04.scheduling_policy: ',
         "return cache_manager.can_admit(seq, num_new_tokens)  # (",

@@ -50,6 +50,13 @@ def _student_build() -> list[Path]:
     )
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1e6:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds in (0, 1e6), got {text}")
+    return value
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m paged_attention lab", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
@@ -72,7 +79,9 @@ def main(argv: list[str]) -> int:
     grade.add_argument(
         "--seed", type=int, help="draw the cases from this seed (default: a fresh one; the report prints it)"
     )
-    grade.add_argument("--time-limit", type=float, default=300.0, help="seconds per exercise (default 300)")
+    grade.add_argument(
+        "--time-limit", type=_seconds, default=300.0, help="seconds per exercise (default 300)"
+    )
     opts = parser.parse_args(argv)
 
     from ..lab.registry import EXERCISES

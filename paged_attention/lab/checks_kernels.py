@@ -198,7 +198,12 @@ def kernel_inputs(
 def kernel_run(
     state: dict, objects: tuple, block_size: int, head_dim: int, seq_len: int, table: list[int], seed: int
 ) -> Any:
-    """The student's kernel launched on one case's tensors; the scores it stored."""
+    """The student's kernel launched on one case's tensors; the scores it stored (or what the
+    object is, if it is not a Triton kernel)."""
+    from triton.runtime.jit import KernelInterface  # compiled (JITFunction) and interpreted alike
+
+    if not isinstance(objects[0], KernelInterface):
+        return f"<a {type(objects[0]).__name__}, not a @triton.jit kernel>"
     args = [x.to(_device()) for x in kernel_inputs(block_size, head_dim, seq_len, table, seed)]
     objects[0][(len(table),)](*args, seq_len, BLOCK_SIZE=block_size, HEAD_DIM=head_dim)
     return _floats(args[3])
@@ -225,6 +230,10 @@ def block_table(student: Student, seed: int = 0, thorough: bool = False) -> int:
         got = student.call(
             case, "checks_kernels:kernel_run", block_size, head_dim, seq_len, table, tensor_seed
         )
+        if isinstance(got, str):
+            raise CheckFailed(
+                "paged_scores_kernel", "a @triton.jit kernel", got, "decorate it with @triton.jit"
+            )
         gathered = gather_kv(key_cache.unsqueeze(2), key_cache.unsqueeze(2), table_tensor, seq_len)[
             0
         ].squeeze(1)

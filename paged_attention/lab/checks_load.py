@@ -16,6 +16,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from ..experiments import latency_stats
 from .checking import CheckFailed, expect
 from .student import Student, driver
@@ -292,5 +294,26 @@ def arrivals(student: Student, seed: int = 0, thorough: bool = False) -> int:
                 round(cv, 4),
                 hint,
             )
+        distance, critical = _ks_gamma(gaps, rate, burstiness)
+        if distance > critical:
+            raise CheckFailed(
+                f"{call}: distance between the gaps' distribution and the gamma's (Kolmogorov-Smirnov)",
+                f"at most {critical:.4f}",
+                round(distance, 4),
+                "the mean and the spread are right, not the shape: draw each gap from a gamma distribution "
+                "(random.gammavariate(burstiness, 1 / (rate * burstiness)))",
+            )
         passed += 1
     return passed
+
+
+def _ks_gamma(gaps: list[float], rate: float, burstiness: float) -> tuple[float, float]:
+    """The Kolmogorov-Smirnov distance of ``gaps`` from the gamma of shape ``burstiness`` and mean
+    ``1 / rate``, and the distance a right answer exceeds with probability about 1e-8 (the
+    asymptotic Kolmogorov bound, sqrt(ln(2 / 1e-8) / (2 n)): 0.0155 at 40,000 gaps)."""
+    x = torch.tensor(sorted(gaps), dtype=torch.float64).clamp(min=0.0)
+    cdf = torch.special.gammainc(torch.tensor(burstiness, dtype=torch.float64), x * rate * burstiness)
+    n = len(gaps)
+    above = torch.arange(1, n + 1, dtype=torch.float64) / n - cdf
+    below = cdf - torch.arange(0, n, dtype=torch.float64) / n
+    return float(torch.maximum(above, below).max()), math.sqrt(math.log(2 / 1e-8) / (2 * n))

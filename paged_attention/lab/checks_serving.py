@@ -228,9 +228,13 @@ def trace_run(state: dict, objects: tuple, config: list, trace: list[list]) -> l
 
 @driver
 def is_policy(state: dict, objects: tuple) -> str:
-    """What the cell's ``Policy`` is: ``"policy"`` for a SchedulingPolicy subclass."""
+    """What the cell's ``Policy`` is: ``"policy"`` for a SchedulingPolicy subclass that defines
+    ``admits`` and ``victim`` itself."""
     obj = objects[0]
-    return "policy" if isinstance(obj, type) and issubclass(obj, SchedulingPolicy) else type(obj).__name__
+    if not (isinstance(obj, type) and issubclass(obj, SchedulingPolicy)):
+        return type(obj).__name__
+    inherited = [m for m in ("admits", "victim") if getattr(obj, m) is getattr(SchedulingPolicy, m)]
+    return f"a class that inherits {' and '.join(inherited)}" if inherited else "policy"
 
 
 def scheduling_policy(student: Student, seed: int = 0, thorough: bool = False) -> int:
@@ -243,7 +247,12 @@ def scheduling_policy(student: Student, seed: int = 0, thorough: bool = False) -
     and watermarks that matter."""
     kind = student.call("Policy", "checks_serving:is_policy")
     if kind != "policy":
-        raise CheckFailed("Policy must be a subclass of SchedulingPolicy", "a class", kind)
+        raise CheckFailed(
+            "Policy must be a subclass of SchedulingPolicy that writes admits and victim itself",
+            "such a class",
+            kind,
+            "the inherited methods are the package's own rule: write both in your class",
+        )
     for index, situation in enumerate(SITUATIONS):
         manager, seq, num_new = build(situation)
         expected = SchedulingPolicy().admits(seq, num_new, manager)

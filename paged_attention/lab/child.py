@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from . import checks_kernels, checks_load, checks_memory, checks_serving  # noqa: F401 - the drivers
 from .student import describe, find_driver, to_json, unfinished
 
@@ -50,8 +52,9 @@ def _limit(seconds: float, memory: int) -> None:
     cpu = int(seconds) + 5
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
     resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))
-    space = _address_space() + memory
-    resource.setrlimit(resource.RLIMIT_AS, (space, space))
+    if not torch.cuda.is_available():  # a CUDA context reserves far more address space than it uses
+        space = _address_space() + memory
+        resource.setrlimit(resource.RLIMIT_AS, (space, space))
 
 
 class _Session:

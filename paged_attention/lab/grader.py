@@ -51,104 +51,144 @@ def fresh_seed() -> int:
     return secrets.randbelow(2**31)
 
 
-# What no exercise needs and every way into the grader or the package's internals uses: a cell that
-# names one is not run. (The child process is the wall; this screen keeps the plain ways out of it.)
+# The screen: what a cell may import, and what it may not name. An allow list, because Python has
+# many back doors: a cell needs the standard library's arithmetic and containers, torch and Triton,
+# and the few package types its exercise works with; nothing that loads, inspects or starts code.
 NOT_RUN = "the grader does not run such cells"
-OFF_LIMITS_MODULES = (
-    "paged_attention.lab",
-    "importlib",
-    "ctypes",
-    "gc",
-    "inspect",
-    "os",
-    "subprocess",
-    "sys",
-    "builtins",
-    "signal",
-    "resource",
-    "multiprocessing",
-    "threading",
-    "pickle",
+STANDARD_MODULES = frozenset(
+    {
+        "__future__",
+        "abc",
+        "bisect",
+        "collections",
+        "collections.abc",
+        "dataclasses",
+        "decimal",
+        "enum",
+        "fractions",
+        "functools",
+        "heapq",
+        "itertools",
+        "math",
+        "numbers",
+        "numpy",
+        "random",
+        "statistics",
+        "time",
+        "torch",
+        "triton",
+        "triton.language",
+        "typing",
+    }
 )
-OFF_LIMITS_NAMES = (
-    "__import__",
-    "exec",
-    "eval",
-    "compile",
-    "globals",
-    "vars",
-    "open",
-    "breakpoint",
-    "__builtins__",
+PACKAGE_NAMES = {
+    "paged_attention.memory.allocator": {"KVCacheBlock", "BlockAllocator", "NoFreeBlocksError"},
+    "paged_attention.memory.manager": {"KVCacheManager"},
+    "paged_attention.memory.paged_manager": {"PagedKVCacheManager"},
+    "paged_attention.memory.prefix_cache": {"hash_block_tokens"},
+    "paged_attention.engine.sequence": {"Sequence", "SequenceStatus"},
+    "paged_attention.engine.scheduler": {"SchedulingPolicy"},
+    "paged_attention.engine.policy": {"SchedulingPolicy"},
+}
+OFF_LIMITS_NAMES = frozenset(
+    {
+        "__import__",
+        "exec",
+        "eval",
+        "compile",
+        "globals",
+        "locals",
+        "vars",
+        "dir",
+        "getattr",
+        "setattr",
+        "delattr",
+        "open",
+        "breakpoint",
+        "input",
+        "__builtins__",
+        "__loader__",
+        "__spec__",
+    }
 )
-OFF_LIMITS_ATTRIBUTES = (
-    "__globals__",
-    "__builtins__",
-    "__subclasses__",
-    "__code__",
-    "__closure__",
-    "__dict__",
-    "__loader__",
-    "__spec__",
-    "__getattribute__",
-    "__reduce__",
-    "__reduce_ex__",
-    "f_globals",
-    "f_locals",
-    "f_back",
-    "gi_frame",
-    "tb_frame",
-    "modules",
-    "_exit",
+DUNDERS_ALLOWED = frozenset(
+    {
+        "__init__",
+        "__name__",
+        "__len__",
+        "__iter__",
+        "__next__",
+        "__repr__",
+        "__str__",
+        "__eq__",
+        "__lt__",
+        "__le__",
+        "__gt__",
+        "__ge__",
+        "__hash__",
+        "__contains__",
+        "__getitem__",
+        "__setitem__",
+    }
 )
 
 
 def screen(exercise: Exercise, code: str) -> str:
-    """Why the cell is not graded, or ``""``: it uses the package's own implementation of the
-    exercise (a name in ``exercise.references``, or ``super().admits``-style calls to the methods it
-    must write), or a module, builtin or attribute of :data:`OFF_LIMITS_MODULES` and the like, which
-    no exercise needs. Read from the text: nothing of the cell runs here."""
+    """Why the cell is not graded, or ``""``, read from its text (nothing of it runs here): an import
+    outside :data:`STANDARD_MODULES` and :data:`PACKAGE_NAMES`; a builtin of
+    :data:`OFF_LIMITS_NAMES`; a dunder attribute (but the usual methods), or a private attribute of
+    anything but ``self``; the package's own implementation of the exercise (a name or a string
+    naming one of ``exercise.references``); or one of the methods the student writes read from
+    anything but ``self`` (``super().admits``, ``SchedulingPolicy.victim``)."""
     try:
         tree = ast.parse(code)
     except SyntaxError:
         return ""  # the child reports it, with its line
     for node in ast.walk(tree):
         line = getattr(node, "lineno", 0)
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            modules = (
-                [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        why = _screen_node(exercise, node)
+        if why:
+            return f"line {line} {why}"
+    return ""
+
+
+def _screen_node(exercise: Exercise, node: ast.AST) -> str:
+    references = exercise.references
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.name not in STANDARD_MODULES and alias.name not in PACKAGE_NAMES:
+                return f"imports {alias.name}, which no exercise needs: {NOT_RUN}"
+    elif isinstance(node, ast.ImportFrom):
+        module = node.module or ""
+        if module in PACKAGE_NAMES:
+            extra = [a.name for a in node.names if a.name not in PACKAGE_NAMES[module]]
+            if extra:
+                return f"imports {', '.join(extra)} from {module}, which no exercise needs: {NOT_RUN}"
+        elif module not in STANDARD_MODULES or node.level:
+            return f"imports from {module or '.'}, which no exercise needs: {NOT_RUN}"
+    elif isinstance(node, ast.Name):
+        if node.id in OFF_LIMITS_NAMES:
+            return f"uses {node.id}, which no exercise needs: {NOT_RUN}"
+        if node.id in references:
+            return f"uses {node.id}, the package's own implementation of this exercise: write it yourself"
+    elif isinstance(node, ast.Attribute):
+        on_self = isinstance(node.value, ast.Name) and node.value.id == "self"
+        if node.attr.startswith("__") and node.attr.endswith("__") and node.attr not in DUNDERS_ALLOWED:
+            return f"reads .{node.attr}, which no exercise needs: {NOT_RUN}"
+        if node.attr.startswith("_") and not node.attr.startswith("__") and not on_self:
+            return f"reads .{node.attr}, a private part of another object: {NOT_RUN}"
+        if node.attr in references:
+            return f"uses {node.attr}, the package's own implementation of this exercise: write it yourself"
+        if node.attr in exercise.names_overridden and not on_self:
+            return (
+                f"reads .{node.attr} of something else than self, the package's own rule: write it yourself"
             )
-            for module in modules:
-                if any(module == m or module.startswith(m + ".") for m in OFF_LIMITS_MODULES):
-                    return f"line {line} imports {module}, which no exercise needs: {NOT_RUN}"
-            names = modules + [alias.name for alias in node.names]
-        elif isinstance(node, ast.Name):
-            if node.id in OFF_LIMITS_NAMES:
-                return (
-                    f"line {line} uses {node.id}, which no exercise needs: the grader does not run such cells"
-                )
-            names = [node.id]
-        elif isinstance(node, ast.Attribute):
-            if node.attr in OFF_LIMITS_ATTRIBUTES:
-                return f"line {line} reads .{node.attr}, which no exercise needs: {NOT_RUN}"
-            call = node.value
-            if (
-                isinstance(call, ast.Call)
-                and isinstance(call.func, ast.Name)
-                and call.func.id == "super"
-                and node.attr in exercise.names_overridden
-            ):
-                return f"line {line} calls super().{node.attr}, the package's own rule: write it yourself"
-            names = [node.attr]
-        else:
-            continue
-        for name in names:
-            for reference in exercise.references:
-                if reference == name or name.endswith("." + reference):
-                    return (
-                        f"line {line} uses {reference}, the package's own implementation of this exercise: "
-                        "write it yourself"
-                    )
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        named = [r for r in references if r in node.value]
+        if named:
+            return (
+                f"names {named[0]} in a string, the package's own implementation of this exercise: {NOT_RUN}"
+            )
     return ""
 
 
@@ -184,7 +224,7 @@ def grade_cell(
         return result(err.kind, str(err))
     except CellError as err:
         return result("error", str(err))
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
+    except Exception as err:
         # an answer of the cell's process the check could not read (its drivers were changed), or a
         # bug in the check itself: either way no points, and the whole message
         return result(

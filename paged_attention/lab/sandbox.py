@@ -11,17 +11,25 @@ the child reports; and a wrong report fails a case.
 Limits and walls, each reported with a status of its own:
 
 * **time**: the whole exercise (loading the cell and every case) must end within ``time_limit``
-  seconds by the parent's clock, or the child is killed: ``timeout``;
+  seconds by the parent's clock, counted once the child has started (Python and its imports get
+  :data:`STARTUP_LIMIT` of their own), or the child is killed: ``timeout``;
 * **memory**: the child may take ``memory_limit`` bytes of address space beyond what its imports
-  took (``RLIMIT_AS``); beyond, allocations fail: ``memory``;
+  took (``RLIMIT_AS``; not where CUDA is available, whose context reserves far more address space
+  than it uses); beyond, allocations fail: ``memory``;
 * **files**: where the operating system allows it (root, or unprivileged user namespaces), the
-  child runs in a mount namespace in which the package, the Python installation and its
-  site-packages are read-only, with no capabilities left, so a cell cannot patch them on disk for a
-  later run either; :attr:`ChildStudent.confined` says whether that held. The parent also makes
-  itself non-dumpable while children live, so that no child can read or write its memory;
+  child runs in a mount namespace in which every file system is read-only but its own temporary
+  folder, so a cell cannot patch the package, Python or anything else on disk for a later run;
+  :attr:`ChildStudent.confined` says whether that held. In any case the child keeps no
+  capability and may gain none, and the parent makes itself non-dumpable while children live, so
+  that no child can read or write its memory;
 * **the pipe**: requests and answers travel on two pipes of their own; the child's stdout and
   stderr go to a file (its last lines are quoted on an error), and answers carry the request's
   number, so nothing printed or written early can pass for an answer.
+
+What it cannot stop on its own: code in the child that reaches the package's reference (the child
+must import the package to build the cases' objects) and reports its answers, or that starts a
+process in a session of its own, which outlives the kill. The grader's screen
+(:func:`~.grader.screen`) refuses the cells that try either before anything runs.
 """
 
 from __future__ import annotations
@@ -32,7 +40,6 @@ import json
 import os
 import selectors
 import signal
-import site
 import subprocess
 import sys
 import tempfile
@@ -44,7 +51,8 @@ from .checking import CheckFailed
 from .registry import Exercise
 from .student import Student, raised
 
-TIME_LIMIT = 300.0  # seconds per exercise
+TIME_LIMIT = 300.0  # seconds per exercise, from the moment the child has started
+STARTUP_LIMIT = 120.0  # seconds for the child to start Python and import torch
 MEMORY_LIMIT = 2 << 30  # bytes of address space beyond the child's imports
 MAX_ANSWER = 64 << 20  # bytes of one answer
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds paged_attention/
@@ -62,26 +70,66 @@ class CellError(Exception):
     """The cell cannot be graded: it raised while loading, defines too little, or ended its process."""
 
 
-def protected_paths() -> list[str]:
-    """The folders a child may read but not change: the package, Python, its site-packages."""
-    candidates = {str(PACKAGE_ROOT), sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages()}
-    user = site.getusersitepackages()
-    candidates.add(user)
-    found = sorted({os.path.realpath(p) for p in candidates if os.path.isdir(p)})
-    return [p for p in found if not any(p != q and p.startswith(q + os.sep) for q in found)]
-
-
 _CLONE_NEWNS, _CLONE_NEWUSER = 0x00020000, 0x10000000
-_MS_RDONLY, _MS_NOSUID, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 32, 4096, 16384, 1 << 18
+_MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+# mount options a read-only remount must keep (a user namespace may not drop them)
+_KEPT = {
+    "nosuid": 2,
+    "nodev": 4,
+    "noexec": 8,
+    "noatime": 1024,
+    "nodiratime": 2048,
+    "relatime": 1 << 21,
+    "strictatime": 1 << 24,
+}
+_VIRTUAL = ("/proc", "/sys", "/dev")
 
 
-def _confine(libc: Any, paths: list[str], uid: int, gid: int) -> None:  # pragma: no cover - in the child
-    """Runs in the child between fork and exec: die with the parent, then, where allowed, a mount
-    namespace with ``paths`` read-only and every capability dropped (see the module docstring)."""
+def mount_points() -> list[tuple[str, int]]:
+    """Every mount point but the kernel's virtual ones, with the options a remount must keep: what
+    the child makes read-only (read here, before the fork)."""
+    found = []
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        point = fields[1].replace("\\040", " ")
+        if any(point == v or point.startswith(v + "/") for v in _VIRTUAL):
+            continue
+        flags = sum(_KEPT.get(option, 0) for option in fields[3].split(","))
+        found.append((point, flags))
+    return found
+
+
+def _confine(
+    libc: Any, mounts: list[tuple[str, int]], writable: str, uid: int, gid: int
+) -> None:  # pragma: no cover
+    """Runs in the child between fork and exec: die with the parent; where allowed, a mount namespace
+    in which every file system is read-only but ``writable`` (the child's own folder); then, in any
+    case, every capability dropped and no new privileges (see the module docstring)."""
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if _namespace(libc, uid, gid):
+        target = writable.encode()
+        libc.mount(target, target, None, _MS_BIND, None)  # its own mount, left writable
+        for point, flags in mounts:
+            path = point.encode()
+            libc.mount(None, path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | flags, None)
+    for capability in range(64):  # an empty bounding set: exec grants no capability, even to root
+        libc.prctl(24, capability, 0, 0, 0)  # PR_CAPBSET_DROP
+    libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+
+
+def _namespace(libc: Any, uid: int, gid: int) -> bool:  # pragma: no cover - in the child
+    """A mount namespace of the child's own (through a user namespace where plain unsharing is not
+    allowed), with mounts private to it; False where neither is allowed."""
     if libc.unshare(_CLONE_NEWNS) != 0:
         if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
-            return
+            return False
         for name, text in (
             ("setgroups", "deny"),
             ("uid_map", f"{uid} {uid} 1"),
@@ -89,16 +137,7 @@ def _confine(libc: Any, paths: list[str], uid: int, gid: int) -> None:  # pragma
         ):
             with contextlib.suppress(OSError), open(f"/proc/self/{name}", "w") as f:
                 f.write(text)
-    if libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
-        return
-    for path in paths:
-        target = path.encode()
-        if libc.mount(target, target, None, _MS_BIND | _MS_REC, None) == 0:
-            libc.mount(None, target, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID, None)
-    for capability in range(64):  # an empty bounding set: exec grants no capability, even to root
-        libc.prctl(24, capability, 0, 0, 0)  # PR_CAPBSET_DROP
-    libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
-    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    return libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) == 0
 
 
 @contextlib.contextmanager
@@ -140,9 +179,11 @@ class ChildStudent(Student):
         time_limit: float = TIME_LIMIT,
         memory_limit: int = MEMORY_LIMIT,
     ) -> None:
+        if not (0 < time_limit < 1e6):
+            raise ValueError(f"time_limit must be a number of seconds in (0, 1e6), got {time_limit!r}")
         self.exercise = exercise
         self.time_limit, self.memory_limit = time_limit, memory_limit
-        self.deadline = time.monotonic() + time_limit
+        self.deadline = time.monotonic() + STARTUP_LIMIT  # starting Python and importing torch
         self.confined = False
         self._number = 0
         self._closed = False
@@ -151,6 +192,14 @@ class ChildStudent(Student):
         self._buffer = b""
         self._tmp = tempfile.TemporaryDirectory(prefix="lab-child-")
         self._log = open(Path(self._tmp.name) / "output.txt", "w+b")  # noqa: SIM115 - closed in close()
+        self._requests = self._answers = -1
+        try:
+            self._start(exercise, code)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, exercise: Exercise, code: str) -> None:
         requests_read, self._requests = os.pipe()
         self._answers, answers_write = os.pipe()
         env = dict(os.environ)
@@ -158,12 +207,13 @@ class ChildStudent(Student):
             PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT), *_absolute(env.get("PYTHONPATH", ""))]),
             OMP_NUM_THREADS="1",
             PYTHONDONTWRITEBYTECODE="1",
+            PYTHONNOUSERSITE="1",
             HOME=self._tmp.name,
             TMPDIR=self._tmp.name,
             MPLCONFIGDIR=self._tmp.name,
         )
         libc = _libc()
-        paths, uid, gid = protected_paths(), os.getuid(), os.getgid()
+        mounts, writable, uid, gid = mount_points(), self._tmp.name, os.getuid(), os.getgid()
         try:
             self.process = subprocess.Popen(
                 [
@@ -172,8 +222,8 @@ class ChildStudent(Student):
                     "paged_attention.lab.child",
                     str(requests_read),
                     str(answers_write),
-                    str(time_limit),
-                    str(memory_limit),
+                    str(self.time_limit),
+                    str(self.memory_limit),
                     str(PACKAGE_ROOT),
                 ],
                 stdin=subprocess.DEVNULL,
@@ -183,43 +233,40 @@ class ChildStudent(Student):
                 cwd=self._tmp.name,
                 env=env,
                 start_new_session=True,
-                preexec_fn=(lambda: _confine(libc, paths, uid, gid)) if libc is not None else None,
+                preexec_fn=(lambda: _confine(libc, mounts, writable, uid, gid)) if libc is not None else None,
             )
         finally:
             os.close(requests_read)
             os.close(answers_write)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._answers, selectors.EVENT_READ)
-        try:
-            hello = self._exchange({"op": "hello"}, "starting the grader's child process")
-            self.confined = bool(hello.get("confined"))
-            reply = self._exchange(
-                {
-                    "op": "load",
-                    "setup": exercise.setup,
-                    "code": code,
-                    "names": list(exercise.names),
-                    "filename": f"<lab {exercise.exercise_id}>",
-                },
-                "loading the cell",
+        hello = self._exchange({"op": "hello"}, "starting the grader's child process")
+        self.confined = bool(hello.get("confined"))
+        self.deadline = time.monotonic() + self.time_limit  # the student's time starts here
+        reply = self._exchange(
+            {
+                "op": "load",
+                "setup": exercise.setup,
+                "code": code,
+                "names": list(exercise.names),
+                "filename": f"<lab {exercise.exercise_id}>",
+            },
+            "loading the cell",
+        )
+        if "unfinished" in reply:
+            raise NotImplementedError(reply["unfinished"])
+        if "missing" in reply:
+            raise CellError(f"the cell defines no {', '.join(map(str, reply['missing']))}")
+        if "raised" in reply:
+            error = reply["raised"]
+            self._limit(error)
+            where = f" at line {error.get('line')}" if error.get("line") else ""
+            raise CellError(f"the cell raised {error.get('type')}{where}: {error.get('message')}")
+        if "exited" in reply:
+            raise CellError(
+                f"the cell called exit({reply['exited']}) while loading: a cell must only define "
+                f"{', '.join(exercise.names)}"
             )
-            if "unfinished" in reply:
-                raise NotImplementedError(reply["unfinished"])
-            if "missing" in reply:
-                raise CellError(f"the cell defines no {', '.join(reply['missing'])}")
-            if "raised" in reply:
-                error = reply["raised"]
-                self._limit(error)
-                where = f" at line {error['line']}" if error.get("line") else ""
-                raise CellError(f"the cell raised {error['type']}{where}: {error['message']}")
-            if "exited" in reply:
-                raise CellError(
-                    f"the cell called exit({reply['exited']}) while loading: a cell must only define "
-                    f"{', '.join(exercise.names)}"
-                )
-        except BaseException:
-            self.close()
-            raise
 
     # -- the protocol -----------------------------------------------------------------------------
     def call(self, case: str, name: str, *args: Any, hint: str = "") -> Any:
@@ -257,7 +304,7 @@ class ChildStudent(Student):
             line = self._line(what)
             try:
                 reply = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise CellError(f"{what}: the child process answered something that is not JSON") from None
             if isinstance(reply, dict) and reply.get("number") == self._number:
                 return reply
@@ -315,8 +362,9 @@ class ChildStudent(Student):
             self._kill()
             self.process.wait()
         for fd in (self._requests, self._answers):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         if self._selector is not None:
             self._selector.close()
         self._log.close()

@@ -66,11 +66,12 @@ _STUB = re.compile(r"NotImplementedError\(\s*[\"'](Exercise [^\"']*)[\"']\s*\)")
 
 
 def unfinished(err: BaseException) -> NotImplementedError | None:
-    """The exercise's own ``NotImplementedError`` behind ``err``, if that is what it is: Triton's
-    interpreter wraps it (as the cause), and a compiler that cannot compile a ``raise`` quotes it."""
+    """The exercise's own ``NotImplementedError("Exercise <id>: ...")`` behind ``err``, if that is
+    what it is: Triton's interpreter wraps it (as the cause), and a compiler that cannot compile a
+    ``raise`` quotes it. Any other ``NotImplementedError`` (torch's, say) is an error like others."""
     seen: BaseException | None = err
     while seen is not None:
-        if isinstance(seen, NotImplementedError):
+        if isinstance(seen, NotImplementedError) and str(seen).startswith("Exercise "):
             return seen
         seen = seen.__cause__ or seen.__context__
     match = _STUB.search(str(err))

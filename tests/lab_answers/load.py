@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -104,3 +105,17 @@ def arrival_times_unseeded(num_requests, rate, burstiness, seed):
         return [0.0] * num_requests
     gaps = np.random.gamma(burstiness, 1.0 / (rate * burstiness), num_requests)  # ignores seed
     return np.cumsum(gaps).tolist()
+
+
+def arrival_times_two_values(num_requests, rate, burstiness, seed):
+    """Gaps of 0 or one value, with the gamma's mean and CV: right in two moments, wrong in shape."""
+    if math.isinf(rate):
+        return [0.0] * num_requests
+    rng = random.Random(seed)
+    zero = 1 / (1 + burstiness)  # P(gap = 0): CV^2 = p / (1 - p) = 1 / burstiness
+    big = (1 / rate) / (1 - zero)
+    times, now = [], 0.0
+    for _ in range(num_requests):
+        now += 0.0 if rng.random() < zero else big
+        times.append(now)
+    return times
