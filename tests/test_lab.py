@@ -330,8 +330,17 @@ def test_the_lab_command(tmp_path, capsys) -> None:
 
     source = tmp_path / "mine.ipynb"
     source.write_text(json.dumps(notebook(cell(SOLVED, ["lab:01.kv_bytes"]))))
-    assert main(["lab", "grade", str(source), "--junit", str(tmp_path / "r.xml")]) == 0
+    results = tmp_path / "results.json"
+    assert (
+        main(["lab", "grade", str(source), "--junit", str(tmp_path / "r.xml"), "--gradescope", str(results)])
+        == 0
+    )
     assert "1/1 points" in capsys.readouterr().out and (tmp_path / "r.xml").is_file()
+    gradescope = json.loads(results.read_text())
+    assert gradescope["score"] == 1 and gradescope["tests"][0]["max_score"] == 1
+    assert gradescope["tests"][0]["status"] == "passed" and gradescope["tests"][0]["name"].startswith(
+        "01.kv_bytes"
+    )
     assert main(["lab", "build", "--out", str(tmp_path / "student"), str(source)]) == 0
     assert main(["lab", "grade", str(tmp_path / "student" / "mine.ipynb")]) == 1
     assert "unfinished" in capsys.readouterr().out

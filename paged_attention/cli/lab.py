@@ -2,7 +2,8 @@
 
 * ``list``: the exercises, their notebooks, points and estimated minutes.
 * ``build --out DIR [NOTEBOOK ...]``: write the student notebooks (answers removed, outputs cleared).
-* ``grade [NOTEBOOK ...] [--exercise ID ...] [--junit FILE] [--seed N]``: grade notebooks; exit
+* ``grade [NOTEBOOK ...] [--exercise ID ...] [--junit FILE] [--gradescope FILE] [--seed N]``: grade
+  notebooks (JUnit XML for most CIs, Gradescope's ``results.json``); exit
   status 1 unless every exercise passes. Without notebooks it grades the student build
   (``build/student/*.ipynb``, what ``make student`` writes) or refuses, saying what to pass; the
   instructor notebooks (``notebooks/``, answers included) are graded only when named, and then
@@ -76,6 +77,7 @@ def main(argv: list[str]) -> int:
     )
     grade.add_argument("--exercise", action="append", help="grade only this exercise (repeatable)")
     grade.add_argument("--junit", help="also write JUnit XML to this file")
+    grade.add_argument("--gradescope", help="also write Gradescope's results.json to this file")
     grade.add_argument(
         "--seed", type=int, help="draw the cases from this seed (default: a fresh one; the report prints it)"
     )
@@ -101,7 +103,7 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"lab build refused: {err}") from None
         print(f"wrote {len(written)} student notebooks to {opts.out}")
         return 0
-    from ..lab.grader import grade_notebook, junit_xml, table
+    from ..lab.grader import grade_notebook, gradescope_json, junit_xml, table
 
     unknown = sorted(set(opts.exercise or ()) - set(EXERCISES))
     if unknown:
@@ -124,4 +126,6 @@ def main(argv: list[str]) -> int:
         print(INSTRUCTOR_BANNER.format(names=", ".join(instructor)))
     if opts.junit:
         Path(opts.junit).write_text(junit_xml(grades), encoding="utf-8")
+    if opts.gradescope:
+        Path(opts.gradescope).write_text(gradescope_json(grades), encoding="utf-8")
     return 0 if all(g.status == "pass" for g in grades) else 1

@@ -16,6 +16,7 @@ the exercise, or ends its process); ``timeout`` and ``memory`` (past a limit); `
 from __future__ import annotations
 
 import ast
+import json
 import secrets
 import textwrap
 import xml.etree.ElementTree as ET
@@ -305,3 +306,27 @@ def junit_xml(grades: list[Grade]) -> str:
             failure = ET.SubElement(case, "failure", message=f"{g.status}: {g.detail[:200]}", type=g.status)
             failure.text = g.detail
     return ET.tostring(suite, encoding="unicode")
+
+
+def gradescope_json(grades: list[Grade]) -> str:
+    """Gradescope's autograder results (``/autograder/results/results.json``): one test per
+    exercise with its score, the total, and each failing case whole as the test's output."""
+    tests = [
+        {
+            "name": f"{g.exercise_id} ({EXERCISES[g.exercise_id].title})"
+            if g.exercise_id in EXERCISES
+            else g.exercise_id,
+            "score": g.earned,
+            "max_score": g.points,
+            "status": "passed" if g.status == "pass" else "failed",
+            "output": f"{g.status}: {g.detail}" if g.detail else g.status,
+        }
+        for g in grades
+    ]
+    seeds = sorted({g.seed for g in grades})
+    payload = {
+        "score": sum(g.earned for g in grades),
+        "output": f"cases drawn from seed {', '.join(map(str, seeds))}",
+        "tests": tests,
+    }
+    return json.dumps(payload, indent=1)
