@@ -114,7 +114,12 @@ class ContiguousKVCacheManager:
         """No prefix cache: a reserved range is private, nothing is ever found already computed."""
         return 0
 
-    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> SlotAllocation | None:
+    def allocate_slots(
+        self, seq: Sequence, num_new_tokens: int, num_lookahead_tokens: int = 0
+    ) -> SlotAllocation | None:
+        """Slots in the sequence's reserved range; drafted (lookahead) ones too, within the range
+        (a reservation cannot grow: a draft past it is refused like any token)."""
+        num_new_tokens += num_lookahead_tokens
         seq_id = seq.seq_id
         res = self.reservations.get(seq_id)
         if res is None:
@@ -132,6 +137,13 @@ class ContiguousKVCacheManager:
         first = res.start + res.num_tokens
         res.num_tokens += num_new_tokens
         return SlotAllocation(list(range(first, first + num_new_tokens)), [])
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Forget the slots from ``num_tokens`` on (rejected drafts); the range stays reserved."""
+        res = self.reservations[seq.seq_id]
+        if not 0 <= num_tokens <= res.num_tokens:
+            raise ValueError(f"num_tokens must be in [0, {res.num_tokens}], got {num_tokens}")
+        res.num_tokens = num_tokens
 
     def free(self, seq_id: int) -> None:
         self._admitting.pop(seq_id, None)

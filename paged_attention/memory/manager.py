@@ -95,10 +95,21 @@ class KVCacheManager(Protocol):
         """
         ...
 
-    def allocate_slots(self, seq: CachedSequence, num_new_tokens: int) -> SlotAllocation | None:
+    def allocate_slots(
+        self, seq: CachedSequence, num_new_tokens: int, num_lookahead_tokens: int = 0
+    ) -> SlotAllocation | None:
         """Room for tokens ``seq.num_computed_tokens ..`` ``+ num_new_tokens - 1``; ``None`` (no change) if
         memory is short. For a sequence that holds no memory yet, its first ``num_computed_tokens``
-        tokens must be the cached prefix that ``lookup_prefix`` reported."""
+        tokens must be the cached prefix that ``lookup_prefix`` reported.
+
+        ``num_lookahead_tokens`` more slots follow for drafted tokens (speculative decoding, vLLM
+        v1's name): they are written like the others but are not the sequence's tokens yet, so no
+        block they fill is entered in a prefix cache; :meth:`truncate` forgets the rejected ones."""
+        ...
+
+    def truncate(self, seq: CachedSequence, num_tokens: int) -> None:
+        """Keep only the first ``num_tokens`` of ``seq``'s KV (the rejected drafts go): memory that
+        held only the rest is released at once."""
         ...
 
     def free(self, seq_id: int) -> None:

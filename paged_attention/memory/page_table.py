@@ -124,6 +124,26 @@ class PageTable:
         slots = [ids[p // bs] * bs + p % bs for p in range(start, self.num_tokens)]
         return AppendResult(slots, copy)
 
+    def truncate(self, num_tokens: int) -> list[int]:
+        """Forget the tokens from position ``num_tokens`` on (drafted tokens the target model
+        rejected, in speculative decoding): the blocks that held only those go back to the
+        allocator at once (this table's reference dropped), and the last block kept keeps its
+        slots past ``num_tokens``, to be overwritten by the next write. Returns the blocks dropped.
+        The list of block ids is replaced, not cut, so a :meth:`snapshot` taken before still
+        restores it."""
+        check_int("num_tokens", num_tokens, minimum=0)
+        if num_tokens > self.num_tokens:
+            raise ValueError(
+                f"num_tokens must be at most the {self.num_tokens} tokens held, got {num_tokens}"
+            )
+        keep = cdiv(num_tokens, self.block_size)
+        dropped = self.block_ids[keep:]
+        for block_id in reversed(dropped):
+            self.allocator.free(block_id)
+        self.block_ids = self.block_ids[:keep]
+        self.num_tokens = num_tokens
+        return dropped
+
     def append_cached_blocks(self, block_ids: Sequence[int]) -> None:
         """Take full blocks whose K/V are already computed (prefix-cache hits) as the next blocks.
 
@@ -159,8 +179,8 @@ class PageTable:
 
     def snapshot(self) -> tuple[list[int], int, int | None, int]:
         """What :meth:`restore` needs to undo a step, in O(1): the list of block ids (appended to,
-        its last entry replaced by copy-on-write, or swapped for a new empty list by :meth:`free`:
-        never changed otherwise), its length, its last entry and the token count."""
+        its last entry replaced by copy-on-write, or swapped for a new list by :meth:`free` and
+        :meth:`truncate`: never changed otherwise), its length, its last entry and the token count."""
         ids = self.block_ids
         return ids, len(ids), ids[-1] if ids else None, self.num_tokens
 

@@ -148,7 +148,9 @@ class PagedKVCacheManager:
         needed = self._blocks_to_start(seq, num_new_tokens, self._reused_blocks(seq))
         return self.allocator.num_free_blocks - needed >= self.watermark_blocks
 
-    def allocate_slots(self, seq: CachedSequence, num_new_tokens: int) -> SlotAllocation | None:
+    def allocate_slots(
+        self, seq: CachedSequence, num_new_tokens: int, num_lookahead_tokens: int = 0
+    ) -> SlotAllocation | None:
         """Slots for tokens ``seq.num_computed_tokens ..`` ``+ num_new_tokens - 1``, or ``None``.
 
         ::
@@ -164,12 +166,15 @@ class PagedKVCacheManager:
 
         A sequence that holds no memory yet gets a page table whose first blocks are the prefix
         cache's (``lookup_prefix``); the blocks this step fills are entered in the prefix cache.
-        ``None`` means the free blocks are too few, and nothing changed.
+        ``None`` means the free blocks are too few, and nothing changed. ``num_lookahead_tokens``
+        slots follow for drafted tokens: never entered in the prefix cache (see the protocol).
         """
+        check_int("num_lookahead_tokens", num_lookahead_tokens, minimum=0)
+        num_slots = num_new_tokens + num_lookahead_tokens
         table = self._tables.get(seq.seq_id)
         if table is None:
             reused = self._reused_blocks(seq)
-            if self._blocks_to_start(seq, num_new_tokens, reused) > self.allocator.num_free_blocks:
+            if self._blocks_to_start(seq, num_slots, reused) > self.allocator.num_free_blocks:
                 return None
             table = self._tables[seq.seq_id] = PageTable(self.allocator, self.block_size)
             table.append_cached_blocks(reused)
@@ -182,15 +187,29 @@ class PagedKVCacheManager:
                 f"sequence {seq.seq_id} holds {table.num_tokens} tokens of KV cache "
                 f"but says {seq.num_computed_tokens} are computed"
             )
-        elif table.blocks_needed(num_new_tokens) > self.allocator.num_free_blocks:
+        elif table.blocks_needed(num_slots) > self.allocator.num_free_blocks:
             return None
-        result = table.append_tokens(num_new_tokens)
+        result = table.append_tokens(num_slots)
         if self.enable_prefix_caching:
             # Enter the blocks this step fills: the step computes them before any later step can read
             # them, and a sequence scheduled behind this one in the same step reads them after they
             # are stored (every layer stores the whole batch's K/V before attending).
             self._cache_full_blocks(seq, table, seq.num_computed_tokens + num_new_tokens)
         return SlotAllocation(result.slot_mapping, [result.copy] if result.copy else [])
+
+    def truncate(self, seq: CachedSequence, num_tokens: int) -> None:
+        """Drop ``seq``'s slots from ``num_tokens`` on (:meth:`PageTable.truncate`); the blocks that
+        held only those return to the free queue now. Only drafted slots may go: never a block the
+        prefix cache holds."""
+        table = self._tables.get(seq.seq_id)
+        if table is None:
+            raise ValueError(f"truncate: sequence {seq.seq_id} holds no KV cache")
+        hashed = self._num_hashed_blocks.get(seq.seq_id, 0) * self.block_size
+        if num_tokens < hashed:
+            raise ValueError(
+                f"truncate: the first {hashed} tokens of sequence {seq.seq_id} are in the prefix cache"
+            )
+        table.truncate(num_tokens)
 
     def free(self, seq_id: int) -> None:
         table = self._tables.pop(seq_id, None)
