@@ -35,6 +35,11 @@ CONFIGS = {
     "recompute+prefix": dict(preemption_mode="recompute", enable_prefix_caching=True),
     "recompute": dict(preemption_mode="recompute", enable_prefix_caching=False),
     "swap+prefix": dict(preemption_mode="swap", enable_prefix_caching=True, num_cpu_blocks=12),
+    "recompute+prefix+ngram": dict(
+        preemption_mode="recompute",
+        enable_prefix_caching=True,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1},
+    ),
 }
 SHARED = [3, 14, 15, 9, 26, 5, 35, 8]  # a common prefix: prefix-cache hits
 MISSING = object()
@@ -145,6 +150,10 @@ class FaultySampler:
         self.injector.tick("sampler")
         return self.sampler.draw(*args, **kwargs)
 
+    def targets(self, *args, **kwargs):  # what speculative verification calls: mid-verification
+        self.injector.tick("sampler")
+        return self.sampler.targets(*args, **kwargs)
+
     def __getattr__(self, name: str):  # begin, commit, rollback: the sampler's own
         return getattr(self.sampler, name)
 
@@ -200,7 +209,10 @@ def serve(config: str, injector: Injector | None = None) -> tuple[dict, int]:
     def counted():  # what the steps did, for the test that the faults strike where it matters
         out = schedule()
         SEEN[config].update(
-            copies=len(out.block_copies), swaps=len(out.swap_out), preempted=len(out.preempted)
+            copies=len(out.block_copies),
+            swaps=len(out.swap_out),
+            preempted=len(out.preempted),
+            drafts=sum(len(s.drafts) for s in out.scheduled),
         )
         return out
 
@@ -261,6 +273,8 @@ def test_the_workload_preempts_forks_swaps_and_hits_the_prefix_cache() -> None:
         seen = SEEN[config]
         assert seen["copies"] and seen["preempted"] and seen["prefix_hits"], seen
         assert bool(seen["swaps"]) == config.startswith("swap"), seen
+    unfaulted("recompute+prefix+ngram")  # and drafts are verified (and truncated) mid-workload
+    assert SEEN["recompute+prefix+ngram"]["drafts"] > 0
 
 
 def test_a_swapped_victim_whose_blocks_the_step_reused_gets_its_kv_back() -> None:

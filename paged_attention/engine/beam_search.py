@@ -213,7 +213,11 @@ class BeamSearchRequest(Request):
         return []
 
     def decide(
-        self, drawn: list[tuple[Sequence, int]], update: StepUpdate, computed: dict[int, int], now: float
+        self,
+        drawn: list[tuple[Sequence, list[int]]],
+        update: StepUpdate,
+        computed: dict[int, int],
+        now: float,
     ) -> None:
         beams = self.seqs
         if self.search.done or not all(self._ready(b, computed) for b in beams):

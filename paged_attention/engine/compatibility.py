@@ -100,6 +100,14 @@ ROWS = [
         "tests/test_sharing.py::test_parallel_samples_equal_unshared_requests_seeded_seed_plus_i_whatever_the_batch",
     ),
     Row(
+        '`LLM(..., speculative_config={"method": "ngram", ...})`',
+        "differs",
+        "n-gram (prompt lookup) drafts only, vLLM v1's keys and defaults; greedy output identical to "
+        "decoding without drafts, sampled output in distribution; no drafts for beam search or "
+        "`logprobs` requests; draft-model methods refused",
+        "tests/test_speculative.py::test_greedy_output_equals_decoding_without_drafts",
+    ),
+    Row(
         "`LLM.beam_search(prompts, BeamSearchParams(...))`",
         "same",
         "transformers' beams, every length penalty",

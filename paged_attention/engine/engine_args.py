@@ -55,7 +55,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "kv_cache_dtype": (("auto",), "the KV cache takes the model's dtype"),
     "cpu_offload_gb": ((0,), "weights stay on the serving device"),
     "enable_lora": ((False,), "there are no LoRA adapters here"),
-    "speculative_config": ((None,), "no speculative decoding in this engine yet"),
     "task": (("auto", "generate"), "this engine generates text (no pooling or embedding models)"),
     "runner": (("auto", "generate"), "this engine generates text (no pooling or embedding models)"),
 }
@@ -94,6 +93,9 @@ class EngineArgs:
     logprobs_mode: str = "raw_logprobs"
     generation_config: str = "auto"
     hf_overrides: Any = None
+    #: vLLM v1's dict: ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": ..,
+    #: "prompt_lookup_max": ..}`` (:mod:`.speculative`).
+    speculative_config: Any = None
     #: ``LLM``'s, not the engine's: ``{"profiler": "torch", "torch_profiler_dir": folder}``.
     profiler_config: Any = None
 
@@ -131,7 +133,7 @@ class EngineArgs:
         group = parser.add_argument_group("engine (paged_attention.EngineArgs)")
         for f in dataclasses.fields(EngineArgs):
             flag = "--" + f.name.replace("_", "-")
-            if f.name in ("hf_overrides", "profiler_config"):
+            if f.name in ("hf_overrides", "profiler_config", "speculative_config"):
                 group.add_argument(flag, type=json.loads, default=None, help="JSON")
             elif f.default is True or f.default is False:
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)

@@ -17,10 +17,9 @@ when they end). An aborted request reports nothing more. :class:`~.llm.LLM` wrap
 ``LLM`` does.
 
 The engine chooses nothing about memory or batching policy: it is handed a cache-manager factory
-(paged by default; the contiguous baselines bring their own, :mod:`paged_attention.baselines`) and
-a :class:`~.scheduler.SchedulingPolicy` (continuous batching by default). What a request does with
-its logits (sample, fork ``n`` samples, run a beam search) lives in its own class
-(:mod:`.parallel_sampling`, :mod:`.beam_search`), driven through the interface of :mod:`.request`.
+(paged by default; the baselines bring their own) and a :class:`~.scheduler.SchedulingPolicy`.
+What a request does with its logits (sample, fork ``n``, beam search) lives in its own class
+(:mod:`.parallel_sampling`, :mod:`.beam_search`); drafts, in :mod:`.speculation`.
 """
 
 from __future__ import annotations
@@ -43,20 +42,16 @@ from .generation_config import check_generation_config, sampling_defaults
 from .inputs import Prompt
 from .intake import build_request
 from .kv_cache import KVCache, KVCacheSpec
-from .logprobs import entries as logprob_entries
+from .logprobs import prompt_entries
 from .metrics import EngineMetrics, Metric
 from .model_runner import ModelRunner
 from .outputs import RequestOutput, StepStats
 from .request import Request, SequencePool
 from .sampling import BeamSearchParams, Sampler, SamplingParams, seed_everything
-from .scheduler import (
-    ScheduledSequence,
-    Scheduler,
-    SchedulerOutput,
-    SchedulingPolicy,
-    StepUpdate,
-)
+from .scheduler import Scheduler, SchedulerOutput, SchedulingPolicy, StepUpdate
 from .sequence import Sequence
+from .speculation import Speculator
+from .speculative import SpeculativeConfig
 from .stop_rules import StopRules
 from .transaction import StepTransaction
 
@@ -100,10 +95,12 @@ class LLMEngine:
         logprobs_mode: str = "raw_logprobs",
         generation_config: str = "auto",
         hf_overrides: dict | Callable | None = None,
+        speculative_config: dict | SpeculativeConfig | None = None,
         cache_manager_factory: CacheManagerFactory | None = None,
         scheduling_policy: SchedulingPolicy | None = None,
     ) -> None:
         check_positive_int("block_size", block_size)
+        speculation = SpeculativeConfig.from_dict(speculative_config)
         if not isinstance(gpu_memory_utilization, (int, float)) or not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
         if cache_manager_factory is not None and not callable(cache_manager_factory):
@@ -142,6 +139,8 @@ class LLMEngine:
         #: SamplingParams keywords from the model's generation config (:mod:`.generation_config`).
         self.sampling_defaults = sampling_defaults(self.model, check_generation_config(generation_config))
         self.pool = SequencePool()
+        #: n-gram speculative decoding (:mod:`.speculation`), or None.
+        self.speculator = Speculator(speculation, self.max_model_len) if speculation else None
         self.metrics = EngineMetrics()
         self._requests: dict[str, Request] = {}
         self._request_ids = itertools.count()
@@ -255,8 +254,9 @@ class LLMEngine:
         others) and the exception reaches the caller. The engine is then exactly as before the
         step: the next ``step()`` produces the tokens an uninterrupted run would.
         """
+        parts = [self, self.scheduler, self.pool, self.sampler, self.runner, self.metrics]
         transaction = StepTransaction(
-            [self, self.scheduler, self.pool, self.sampler, self.runner, self.metrics],
+            parts + ([self.speculator] if self.speculator is not None else []),
             self.cache_manager, (self.kv_cache, self.cpu_cache),
         )  # fmt: skip
         try:
@@ -289,6 +289,8 @@ class LLMEngine:
         for request_id, request in self._requests.items():  # every request: a beam search may be
             request.decide(drawn.get(request_id, []), update, computed, now)  # ready without a row
         self.scheduler.update_from_output(out, update, now)
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running, self._requests)
         self.metrics.record_step(out, update)
         outputs = self._outputs(drawn)
         if out.is_empty and self.scheduler.has_unfinished() and not (out.preempted or out.swap_in):
@@ -323,10 +325,11 @@ class LLMEngine:
 
     def _sample(
         self, out: SchedulerOutput, logits: torch.Tensor | None, update: StepUpdate
-    ) -> dict[str, list[tuple[Sequence, int]]]:
-        """Each request's drawers and their tokens, one batched sampler call for the whole step;
-        the tokens' log-probabilities (and any prompt log-probabilities) go into ``update``."""
-        drawn: dict[str, list[tuple[Sequence, int]]] = {}
+    ) -> dict[str, list[tuple[Sequence, list[int]]]]:
+        """Each request's drawers and their tokens, one batched sampler call for the whole step
+        (a sequence that verifies drafts keeps one or more: :mod:`.speculation`); the tokens'
+        log-probabilities (and any prompt log-probabilities) go into ``update``."""
+        drawn: dict[str, list[tuple[Sequence, list[int]]]] = {}
         rows: list[int] = []
         drawers: list[Sequence] = []
         row = 0
@@ -334,9 +337,18 @@ class LLMEngine:
             if s.prompt_positions:
                 assert logits is not None
                 n = len(s.prompt_positions)
-                update.prompt_logprobs.append((s.seq, self._prompt_logprobs(s, logits[row : row + n])))
+                entries = prompt_entries(
+                    logits[row : row + n], s.seq, s.prompt_positions, self.detokenizer.token_text
+                )
+                update.prompt_logprobs.append((s.seq, entries))
                 row += n
-            if s.needs_logits:
+            if s.needs_logits and s.drafts:
+                assert logits is not None and self.speculator is not None
+                metrics = self._requests[s.seq.request_id].metrics
+                rows_of, row = logits[row : row + len(s.drafts) + 1], row + len(s.drafts) + 1
+                tokens = self.speculator.verify(s, rows_of, self.sampler, self.stop_rules, update, metrics)
+                drawn.setdefault(s.seq.request_id, []).append((s.seq, tokens))
+            elif s.needs_logits:
                 assert logits is not None
                 seq = s.seq
                 drawn.setdefault(seq.request_id, [])
@@ -349,18 +361,11 @@ class LLMEngine:
             banned = [self.stop_rules.banned(s) for s in drawers]
             tokens, logprobs = self.sampler.draw(logits[rows], drawers, banned, self.detokenizer.token_text)
             for seq, token, logprob in zip(drawers, tokens, logprobs, strict=True):
-                drawn[seq.request_id].append((seq, token))
+                drawn[seq.request_id].append((seq, [token]))
                 update.logprobs[seq.seq_id] = [logprob]
         return drawn
 
-    def _prompt_logprobs(self, s: ScheduledSequence, logits: torch.Tensor) -> list[dict]:
-        """The entries of the prompt tokens that ``s``'s prompt rows predict (from the raw logits)."""
-        params, prompt = s.seq.params, s.seq.prompt_token_ids
-        targets = torch.tensor([prompt[p + 1] for p in s.prompt_positions])
-        decode = self.detokenizer.token_text if params.detokenize else None
-        return logprob_entries(logits.float().log_softmax(-1), targets, params.prompt_logprobs or 0, decode)
-
-    def _outputs(self, drawn: dict[str, list[tuple[Sequence, int]]]) -> list[RequestOutput]:
+    def _outputs(self, drawn: dict[str, list[tuple[Sequence, list[int]]]]) -> list[RequestOutput]:
         """Report the requests that drew tokens or finished; forget the finished."""
         outputs = []
         for request_id, request in list(self._requests.items()):

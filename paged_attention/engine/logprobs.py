@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -66,3 +67,15 @@ def entries(
                 entry[token_id] = Logprob(value, position + 1, decode(token_id) if decode else None)
         result.append(entry)
     return result
+
+
+def prompt_entries(
+    logits: torch.Tensor, seq: Any, positions: range, decode: Callable[[int], str]
+) -> list[dict[int, Logprob]]:
+    """The entries of the prompt tokens that the rows of ``logits`` (prompt positions
+    ``positions`` of ``seq``) predict, from the raw logits: position ``p`` predicts prompt token
+    ``p + 1``; ``seq.params`` says how many top tokens, and whether to ``decode`` their text."""
+    params, prompt = seq.params, seq.prompt_token_ids
+    targets = torch.tensor([prompt[p + 1] for p in positions])
+    text = decode if params.detokenize else None
+    return entries(logits.float().log_softmax(-1), targets, params.prompt_logprobs or 0, text)

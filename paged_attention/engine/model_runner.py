@@ -165,7 +165,7 @@ class ModelRunner:
         last_rows: list[int] = []
         for s in scheduled:
             first = s.start
-            token_ids += s.seq.token_slice(first, first + s.num_new_tokens)
+            token_ids += s.token_ids
             positions += range(first, first + s.num_new_tokens)
             slots += s.slot_mapping
             seq_lens.append(first + s.num_new_tokens)

@@ -41,6 +41,8 @@ class RequestMetrics:
     finished_time: float | None = None
     num_preemptions: int = 0
     num_output_tokens: int = 0  # so far (a DELTA output holds only this step's)
+    num_draft_tokens: int = 0  # speculative decoding: tokens drafted for it, and accepted
+    num_accepted_tokens: int = 0
 
     @property
     def queue_time(self) -> float | None:

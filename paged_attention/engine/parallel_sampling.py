@@ -70,13 +70,17 @@ class SamplingRequest(Request):
         return [seq, *children]
 
     def decide(
-        self, drawn: list[tuple[Sequence, int]], update: StepUpdate, computed: dict[int, int], now: float
+        self,
+        drawn: list[tuple[Sequence, list[int]]],
+        update: StepUpdate,
+        computed: dict[int, int],
+        now: float,
     ) -> None:
         update.forks += self._forks  # the parent's prompt is computed after this step: share its pages
         self._forks = []
         if drawn:
             self._mark_first_token(now)
-        update.tokens += [(seq, [token]) for seq, token in drawn]
+        update.tokens += [(seq, list(tokens)) for seq, tokens in drawn]
 
     def output(self) -> RequestOutput | None:
         kind, finished = self.params.output_kind, self.finished

@@ -109,7 +109,11 @@ class Request:
         raise NotImplementedError
 
     def decide(
-        self, drawn: list[tuple[Sequence, int]], update: StepUpdate, computed: dict[int, int], now: float
+        self,
+        drawn: list[tuple[Sequence, list[int]]],
+        update: StepUpdate,
+        computed: dict[int, int],
+        now: float,
     ) -> None:
         """Write what this step's end must do for the request into ``update``. ``drawn``: the
         drawers and their tokens; ``computed``: tokens each scheduled sequence computes this step

@@ -132,6 +132,29 @@ class Sampler:
             distributions = {i: processed[i] for i, p in enumerate(params) if p.logprobs is not None}
         return SamplerOutput(tokens.tolist(), chosen.tolist(), distributions)
 
+    def targets(
+        self, logits: torch.Tensor, seqs: Sequence[Seq], banned: Sequence[Sequence[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """What speculative decoding verifies drafts against, row by row (:mod:`.speculation`):
+        the raw logits (float32), the processed ones (logits processing applied, as :meth:`draw`
+        does; their argmax is the greedy token) and, if the rows sample, the distributions drawn
+        from (temperature, min-p, top-k, top-p applied, rows summing to 1). All rows share one
+        sequence's settings; row ``i`` sees ``seqs[i]``'s history."""
+        raw = logits.to("cpu", torch.float32)
+        params = [s.params for s in seqs]
+        histories = [History(s.prompt_token_ids, s.output_token_ids) if needs_history(s.params) else None
+                     for s in seqs]  # fmt: skip
+        work = process(raw.clone(), params, banned, histories)
+        if params[0].greedy:
+            return raw, work, None
+        probs = self._probabilities(work, params)
+        return raw, work, probs / probs.sum(dim=-1, keepdim=True)
+
+    def generator_of(self, seq: Seq) -> torch.Generator:
+        """The generator ``seq`` draws from (its own if seeded, else the shared one), saved for the
+        step's rollback before any draw."""
+        return self._draw_from(seq.generator or self.shared_generator)
+
     def draw(
         self,
         logits: torch.Tensor,

@@ -160,7 +160,10 @@ class Scheduler:
     def update_from_output(self, out: SchedulerOutput, update: StepUpdate, now: float) -> list[Sequence]:
         """Apply one step's results, in the documented order; returns the sequences it finished."""
         for s in out.scheduled:  # (1) the step's K/V are in the cache from here on
-            s.seq.num_computed_tokens += s.num_new_tokens
+            rejected = update.rejected.get(s.seq.seq_id, 0)  # but not the rejected drafts'
+            s.seq.num_computed_tokens += s.num_new_tokens - rejected
+            if rejected:
+                self.cache_manager.truncate(s.seq, s.seq.num_computed_tokens)
         for seq, entries in update.prompt_logprobs:
             seq.prompt_logprobs += entries
         for parent, child in update.forks:  # (2) the parent's prompt is computed: share its pages
@@ -217,7 +220,13 @@ class Scheduler:
             if n == 0:  # parked: a beam waiting for its siblings
                 index += 1
                 continue
-            allocation = self.cache_manager.allocate_slots(seq, n)
+            # Drafted tokens ride along a decode step when the budget and free memory allow; they
+            # never cost anyone a preemption (without them the step still makes its one token).
+            drafts = tuple(seq.draft_token_ids[: budget - 1]) if n == seq.num_uncomputed_tokens == 1 else ()
+            allocation = self.cache_manager.allocate_slots(seq, n, len(drafts)) if drafts else None
+            if allocation is None:
+                drafts = ()
+                allocation = self.cache_manager.allocate_slots(seq, n)
             while allocation is None:
                 victim = self.scheduling_policy.victim(self.running)
                 self._preempt(victim, out)
@@ -228,8 +237,8 @@ class Scheduler:
             if allocation is None:
                 break  # seq itself stepped back; everyone after it was preempted already
             out.block_copies += allocation.copies
-            out.scheduled.append(ScheduledSequence.of(seq, n, allocation.slot_mapping))
-            budget -= n
+            out.scheduled.append(ScheduledSequence.of(seq, n + len(drafts), allocation.slot_mapping, drafts))
+            budget -= n + len(drafts)
             index += 1
 
     def preempt_running(self) -> int:
@@ -244,6 +253,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, out: SchedulerOutput, recompute: bool = False) -> None:
         self.running.remove(seq)
         out.scheduled = [s for s in out.scheduled if s.seq is not seq]
+        seq.draft_token_ids = []  # proposed for a step it will not take
         seq.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted.append(seq)

@@ -73,6 +73,8 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)  # hash chain of its full blocks (prefix_cache.py)
     group_id: int = -1  # the request's first sequence id, shared by its forks (-1: its own seq_id)
     pending_forks: int = 0  # children it will fork into after prefill (n - 1, or beam_width - 1)
+    # -- speculative decoding: tokens guessed to follow its last one, verified in its next step --
+    draft_token_ids: list[int] = field(default_factory=list)  # replaced, never appended to
     _saved: tuple | None = field(default=None, init=False, repr=False)  # the open step's undo
 
     #: What a step may change, and how a rollback puts it back: values are restored, the
@@ -81,7 +83,7 @@ class Sequence:
     #: ``tests/test_rollback_state.py`` checks that the three lists name every field.
     MUTABLE = ("status", "finish_reason", "stop_reason", "num_computed_tokens", "num_preemptions",
                "finish_time", "output_text", "prefix_offset", "read_offset", "pending_forks",
-               "cumulative_logprob", "num_cached_tokens")  # fmt: skip
+               "cumulative_logprob", "num_cached_tokens", "draft_token_ids")  # fmt: skip
     APPEND_ONLY = ("output_token_ids", "block_hashes", "logprobs", "prompt_logprobs")
     FIXED = ("seq_id", "request_id", "prompt_token_ids", "params", "arrival_time", "sample_index",
              "generator", "cache_salt", "group_id")  # fmt: skip

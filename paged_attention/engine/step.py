@@ -23,6 +23,9 @@ class ScheduledSequence:
     ``needs_logits`` says whether this step reaches the sequence's last token, so that its logits pick
     the next one (false for all but the last chunk of a chunked prefill). ``prompt_positions``: the
     positions of this chunk whose logits give prompt log-probabilities (``prompt_logprobs``).
+    ``drafts``: drafted tokens (speculative decoding) that follow the sequence's last token in this
+    step; they are the last ``len(drafts)`` of the ``num_new_tokens``, and each brings a row of
+    logits, so that the target model verifies them all in one forward.
     """
 
     seq: Sequence
@@ -31,19 +34,29 @@ class ScheduledSequence:
     start: int
     needs_logits: bool
     prompt_positions: range = range(0)
+    drafts: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, seq: Sequence, num_new_tokens: int, slot_mapping: list[int]) -> ScheduledSequence:
-        start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens
+    def of(
+        cls, seq: Sequence, num_new_tokens: int, slot_mapping: list[int], drafts: tuple[int, ...] = ()
+    ) -> ScheduledSequence:
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens - len(drafts)
         wanted = seq.prompt_logit_positions
         prompt = range(max(wanted.start, start), min(wanted.stop, end))
-        return cls(seq, num_new_tokens, slot_mapping, start, end == seq.num_tokens, prompt)
+        return cls(seq, num_new_tokens, slot_mapping, start, end == seq.num_tokens, prompt, drafts)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens this step computes: the sequence's own, then the drafts."""
+        own = self.start + self.num_new_tokens - len(self.drafts)
+        return [*self.seq.token_slice(self.start, own), *self.drafts]
 
     @property
     def logit_positions(self) -> list[int]:
         """The positions whose logits the model runner returns, in order: the prompt ones, then
-        the last token's if it samples."""
-        last = [self.start + self.num_new_tokens - 1] if self.needs_logits else []
+        the last token's if it samples, and each draft's."""
+        end = self.start + self.num_new_tokens
+        last = list(range(end - 1 - len(self.drafts), end)) if self.needs_logits else []
         return [*self.prompt_positions, *last]
 
 
@@ -86,7 +99,9 @@ class StepUpdate:
     * ``logprobs``: for a sequence's tokens, each one's log-probability (added to the sequence's
       ``cumulative_logprob``) and, if its request asked for ``logprobs``, its entry (kept in
       ``seq.logprobs``): kept, like the token, only up to a stop;
-    * ``prompt_logprobs``: entries of prompt tokens this step's chunk predicted (``prompt_logprobs``).
+    * ``prompt_logprobs``: entries of prompt tokens this step's chunk predicted (``prompt_logprobs``);
+    * ``rejected``: for a sequence that verified drafts, how many the target rejected: their K/V,
+      written this step, is forgotten (the computed count stops before them).
     """
 
     forks: list[tuple[Sequence, Sequence]] = field(default_factory=list)
@@ -94,6 +109,7 @@ class StepUpdate:
     dropped: list[Sequence] = field(default_factory=list)
     logprobs: dict[int, list[DrawnLogprob]] = field(default_factory=dict)  # seq_id -> one per token
     prompt_logprobs: list[tuple[Sequence, list[dict[int, Logprob]]]] = field(default_factory=list)
+    rejected: dict[int, int] = field(default_factory=dict)  # seq_id -> drafts the target rejected
 
     @classmethod
     def scripted(cls, out: SchedulerOutput, token: int = 0) -> StepUpdate:
