@@ -253,3 +253,25 @@ def test_mean_acceptance_length_and_rate() -> None:
     stats = llm.llm_engine.speculator.stats
     assert math.isclose(stats.acceptance_rate, stats.num_accepted_tokens / stats.num_draft_tokens)
     assert math.isclose(stats.mean_acceptance_length, 1 + stats.num_accepted_tokens / stats.num_drafts)
+
+
+def test_the_engine_reports_vllms_speculative_counters() -> None:
+    _, llm = run(GREEDY, speculative_config=ngram(3))
+    stats = llm.llm_engine.speculator.stats
+    metrics = llm.llm_engine.get_metrics()
+    records = {(m.name, m.labels.get("position")): m.value for m in metrics if hasattr(m, "value")}
+    assert records[("vllm:spec_decode_num_drafts", None)] == stats.num_drafts > 0
+    assert records[("vllm:spec_decode_num_draft_tokens", None)] == stats.num_draft_tokens
+    assert records[("vllm:spec_decode_num_accepted_tokens", None)] == stats.num_accepted_tokens
+    per_position = [records[("vllm:spec_decode_num_accepted_tokens_per_pos", str(i))] for i in range(3)]
+    assert per_position == stats.accepted_per_position
+
+
+def test_metrics_endpoint_text_carries_the_speculative_counters() -> None:
+    from paged_attention.serving.metrics import prometheus_text
+
+    _, llm = run(GREEDY, speculative_config=ngram(2))
+    text = prometheus_text(llm.llm_engine.get_metrics(), "tiny").decode()
+    stats = llm.llm_engine.speculator.stats
+    assert f'vllm:spec_decode_num_drafts_total{{model_name="tiny"}} {float(stats.num_drafts)}' in text
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="tiny",position="0"}' in text

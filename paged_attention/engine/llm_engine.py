@@ -214,7 +214,8 @@ class LLMEngine:
 
     def get_metrics(self) -> list[Metric]:
         """vLLM's metrics of this engine so far (:mod:`.metrics`): counters, gauges, histograms."""
-        return self.metrics.read(self.scheduler, self.cache_manager)
+        spec = self.metrics.speculative(self.speculator.stats) if self.speculator is not None else []
+        return self.metrics.read(self.scheduler, self.cache_manager) + spec
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -31,6 +31,7 @@ from .outputs import RequestOutput
 if TYPE_CHECKING:
     from ..memory.manager import KVCacheManager
     from .scheduler import Scheduler
+    from .speculation import SpecDecodingStats
     from .step import SchedulerOutput, StepUpdate
 
 
@@ -165,6 +166,21 @@ class EngineMetrics:
                 Counter("vllm:request_success", {"finished_reason": reason}, self.success.get(reason, 0))
             )
         records += [h.record(name) for name, h in self.histograms.items()]
+        return records
+
+    @staticmethod
+    def speculative(stats: SpecDecodingStats) -> list[Metric]:
+        """vLLM v1's speculative-decoding counters (``vllm:spec_decode_*``), acceptances per draft
+        position labelled ``position``."""
+        records: list[Metric] = [
+            Counter("vllm:spec_decode_num_drafts", {}, stats.num_drafts),
+            Counter("vllm:spec_decode_num_draft_tokens", {}, stats.num_draft_tokens),
+            Counter("vllm:spec_decode_num_accepted_tokens", {}, stats.num_accepted_tokens),
+        ]
+        for position, count in enumerate(stats.accepted_per_position):
+            records.append(
+                Counter("vllm:spec_decode_num_accepted_tokens_per_pos", {"position": str(position)}, count)
+            )
         return records
 
     # -- a step is a transaction (:mod:`.transaction`): a few dozen numbers ----------------------

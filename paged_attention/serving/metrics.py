@@ -41,6 +41,10 @@ HELP = {
     "vllm:request_prompt_tokens": "Prompt tokens per finished request.",
     "vllm:request_generation_tokens": "Output tokens per finished request.",
     "vllm:iteration_tokens_total": "Tokens (prompt and output) per engine step.",
+    "vllm:spec_decode_num_drafts": "Speculative decoding: verification steps with drafts.",
+    "vllm:spec_decode_num_draft_tokens": "Speculative decoding: drafted tokens.",
+    "vllm:spec_decode_num_accepted_tokens": "Speculative decoding: drafted tokens the target accepted.",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "Speculative decoding: accepted drafts, by position.",
 }
 
 
