@@ -15,7 +15,7 @@ from paged_attention.lab.grader import grade_cell, junit_xml, table
 from paged_attention.lab.notebook import LabError, student_notebook
 from paged_attention.lab.registry import UNPLACED_CHECKS
 from paged_attention.memory.allocator import KVCacheBlock
-from tests.lab_answers import kernels, load, memory, serving
+from tests.lab_answers import kernels, load, memory, serving, spec
 
 ROOT_NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -74,6 +74,14 @@ ANSWERS = {
             load.arrival_times_two_values,
         ],
     ),
+    "10.ngram": (
+        spec.propose_drafts_right,
+        [spec.propose_drafts_last_occurrence, spec.propose_drafts_shortest_first],
+    ),
+    "10.verify": (
+        spec.accept_drafts_right,
+        [spec.accept_drafts_resample_full, spec.accept_drafts_no_bonus],
+    ),
 }
 
 
@@ -128,6 +136,10 @@ def test_the_packages_own_load_code_passes_the_load_checks() -> None:
         ("09.arrivals", load.arrival_times_no_inf, "raised ValueError"),
         ("09.arrivals", load.arrival_times_unseeded, "random.Random(seed)"),
         ("09.arrivals", load.arrival_times_two_values, "Kolmogorov-Smirnov"),
+        ("10.ngram", spec.propose_drafts_last_occurrence, "the first (earliest) occurrence"),
+        ("10.ngram", spec.propose_drafts_shortest_first, "try the longest n first"),
+        ("10.verify", spec.accept_drafts_resample_full, "draw from p WITHOUT the draft"),
+        ("10.verify", spec.accept_drafts_no_bonus, "then append the argmax"),
         ("02.free_queue", memory.FreeQueueKeepsLinks, "a block out of the queue has no links"),
         ("02.free_queue", memory.FreeQueueList, "a block in the queue links to its neighbours"),
         ("02.free_queue", memory.FreeQueueScans, "never scan the queue"),

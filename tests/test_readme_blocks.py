@@ -19,7 +19,7 @@ def test_the_readme_holds_the_generated_blocks() -> None:
 
 def test_a_stale_number_fails(tmp_path: Path) -> None:
     """Change one measured number in a copy of the JSON: the README no longer matches it."""
-    for name in ("serve_sweep", "serve_overhead"):
+    for name in ("serve_sweep", "serve_overhead", "spec_decode"):
         (tmp_path / f"{name}.json").write_text((ROOT / "figures" / f"{name}.json").read_text())
     overhead = json.loads((tmp_path / "serve_overhead.json").read_text())
     overhead["throughput_ratio"] += 0.5
@@ -29,7 +29,7 @@ def test_a_stale_number_fails(tmp_path: Path) -> None:
 
 
 def test_each_block_says_where_and_when_it_was_measured() -> None:
-    for name in ("serve_sweep", "serve_overhead"):
+    for name in ("serve_sweep", "serve_overhead", "spec_decode"):
         payload = json.loads((ROOT / "figures" / f"{name}.json").read_text())
         assert payload["machine"] and payload["date"], name
     block = readme.serving_block(ROOT / "figures")

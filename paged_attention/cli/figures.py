@@ -34,6 +34,7 @@ MEASURED = {
     "sharing": ["--repeats", "1"],
     "serve-sweep": [],  # Figure 12 through the real server and SmolLM2 (several minutes)
     "serve": ["--compare-offline"],  # the server's overhead over the engine
+    "spec-decode": [],  # speculative decoding with and without drafts, SmolLM2 (several minutes)
 }
 EXPERIMENTS = (*REPLAYED, *MEASURED)
 

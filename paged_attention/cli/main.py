@@ -33,6 +33,7 @@ BENCHMARKS = (
     "sharing",
     "serve",
     "serve-sweep",
+    "spec-decode",
 )
 
 

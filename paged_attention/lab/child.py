@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from . import checks_kernels, checks_load, checks_memory, checks_serving  # noqa: F401 - the drivers
+from . import checks_kernels, checks_load, checks_memory, checks_serving, checks_spec  # noqa: F401 - the drivers
 from .student import describe, find_driver, to_json, unfinished
 
 

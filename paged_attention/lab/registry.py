@@ -165,6 +165,29 @@ _ALL = (
         minutes=20,
         references=("loadgen",),
     ),
+    Exercise(
+        "10.ngram",
+        "10_speculative_decoding.ipynb",
+        "The n-gram (prompt-lookup) proposer",
+        "return up to k tokens that followed the first earlier occurrence of the longest repeated suffix",
+        ("propose_drafts",),
+        "checks_spec:ngram",
+        minutes=20,
+        references=("propose", "ngram"),
+    ),
+    Exercise(
+        "10.verify",
+        "10_speculative_decoding.ipynb",
+        "Accepting drafts: greedy, and sampled so that the output is the target's",
+        "greedy: keep matching drafts, then the argmax; sampled: accept x with probability p(x), "
+        "else draw from p without x",
+        ("accept_drafts",),
+        "checks_spec:verify",
+        TORCH,
+        points=2,
+        minutes=25,
+        references=("verify_greedy", "verify_sampled", "rejection"),
+    ),
 )
 
 EXERCISES: dict[str, Exercise] = {e.exercise_id: e for e in _ALL}

@@ -32,7 +32,7 @@ from typing import Any
 from .checking import CheckFailed
 
 #: Where drivers live: modules under :mod:`paged_attention.lab`.
-DRIVER_MODULES = ("checks_memory", "checks_kernels", "checks_serving", "checks_load")
+DRIVER_MODULES = ("checks_memory", "checks_kernels", "checks_serving", "checks_load", "checks_spec")
 
 
 def driver(function: Callable[..., Any]) -> Callable[..., Any]:

@@ -10,6 +10,7 @@
   time; the sharing experiments' results as figures and tables.
 - :mod:`.serving`: latency against request rate through the real server, per manager (measured).
 - :mod:`.diagrams`: the sentinel-linked free queue, the states of a request.
+- :mod:`.speculative`: speculative decoding's measured speedup, acceptance by draft position.
 - :mod:`.memory_map`: the same memory maps as text.
 - :mod:`.tables`: results as plain-text tables.
 
@@ -17,7 +18,19 @@ Use ``from paged_attention import viz``, then ``fig = viz.memory.block_map(...)`
 ``viz.save(fig, "block_map")``.
 """
 
-from . import diagrams, kernels, memory, memory_map, paper, scheduling, serving, sharing, style, tables
+from . import (
+    diagrams,
+    kernels,
+    memory,
+    memory_map,
+    paper,
+    scheduling,
+    serving,
+    sharing,
+    speculative,
+    style,
+    tables,
+)
 from .style import figures_dir, repo_root, save, stored_results
 
 __all__ = [
@@ -32,6 +45,7 @@ __all__ = [
     "scheduling",
     "serving",
     "sharing",
+    "speculative",
     "stored_results",
     "style",
     "tables",

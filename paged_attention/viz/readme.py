@@ -75,9 +75,34 @@ def serving_block(folder: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def speculative_block(folder: Path | None = None) -> str:
+    """The measured speculative decoding: ``bench spec-decode``'s table."""
+    r = _load("spec_decode", folder)
+    c = r["config"]
+    lines = [
+        f"`python -m paged_attention bench spec-decode` ({r.get('machine', 'this machine')}, "
+        f"{r.get('date', '?')}, {r['threads']} torch thread(s)): {r['model']}, greedy, up to "
+        f"{r['max_tokens']} tokens per request, k = {c['num_speculative_tokens']}, prompt lookup "
+        f"{c['prompt_lookup_min']}-{c['prompt_lookup_max']}"
+        + "; the same requests with and without drafts, side by side:",
+        "",
+        "| workload | batch | tokens/s without | tokens/s with | speedup | drafts accepted | identical |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in r["rows"]:
+        rate = f"{row['acceptance_rate']:.0%}" if row["acceptance_rate"] is not None else "-"
+        lines.append(
+            f"| {row['workload']} | {row['batch']} | {row['plain_tokens_per_s']:.1f} | "
+            f"{row['ngram_tokens_per_s']:.1f} | **{row['speedup']:.2f}x** | {rate} | "
+            f"{row['identical']}/{row['requests']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 #: name -> (the generator, the command whose JSON it reads)
 BLOCKS: dict[str, tuple[Callable[..., str], str]] = {
     "serving results": (serving_block, "bench serve-sweep; bench serve --compare-offline"),
+    "speculative decoding results": (speculative_block, "bench spec-decode"),
 }
 
 

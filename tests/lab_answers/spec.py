@@ -1,0 +1,82 @@
+"""Speculative-decoding exercise answers written apart from the notebook (right and wrong ones)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def propose_drafts_right(token_ids, min_n, max_n, k):
+    tokens = list(token_ids)
+    for n in range(max_n, min_n - 1, -1):
+        if k <= 0 or n >= len(tokens):
+            continue
+        tail = tokens[-n:]
+        for start in range(len(tokens) - n):
+            if tokens[start : start + n] == tail:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+def propose_drafts_last_occurrence(token_ids, min_n, max_n, k):
+    tokens = list(token_ids)
+    for n in range(max_n, min_n - 1, -1):
+        if k <= 0 or n >= len(tokens):
+            continue
+        tail = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):  # the latest occurrence, not the first
+            if tokens[start : start + n] == tail:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+def propose_drafts_shortest_first(token_ids, min_n, max_n, k):
+    tokens = list(token_ids)
+    for n in range(min_n, max_n + 1):  # the shortest match first
+        if k <= 0 or n >= len(tokens):
+            continue
+        tail = tokens[-n:]
+        for start in range(len(tokens) - n):
+            if tokens[start : start + n] == tail:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+def accept_drafts_right(drafts, probs, generator, greedy):
+    out = []
+    for i, draft in enumerate(drafts):
+        if greedy:
+            best = int(probs[i].argmax())
+            if best != draft:
+                return [*out, best]
+            out.append(draft)
+            continue
+        if float(torch.rand((), generator=generator, dtype=torch.float64)) < float(probs[i][draft]):
+            out.append(draft)
+            continue
+        rest = probs[i].clone()
+        rest[draft] = 0
+        return [*out, int(torch.multinomial(rest / rest.sum(), 1, generator=generator))]
+    last = probs[len(drafts)]
+    return [*out, int(last.argmax()) if greedy else int(torch.multinomial(last, 1, generator=generator))]
+
+
+def accept_drafts_resample_full(drafts, probs, generator, greedy):
+    if greedy:
+        return accept_drafts_right(drafts, probs, generator, greedy)
+    out = []
+    for i, draft in enumerate(drafts):
+        if float(torch.rand((), generator=generator, dtype=torch.float64)) < float(probs[i][draft]):
+            out.append(draft)
+            continue
+        return [*out, int(torch.multinomial(probs[i], 1, generator=generator))]  # the draft can come back
+    return [*out, int(torch.multinomial(probs[len(drafts)], 1, generator=generator))]
+
+
+def accept_drafts_no_bonus(drafts, probs, generator, greedy):
+    out = []
+    for i, draft in enumerate(drafts):
+        best = int(probs[i].argmax())
+        if best != draft:
+            return [*out, best]
+        out.append(draft)
+    return out or [int(probs[0].argmax())]  # forgets the target's token after the last draft
