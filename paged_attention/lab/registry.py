@@ -173,7 +173,7 @@ _ALL = (
         ("propose_drafts",),
         "checks_spec:ngram",
         minutes=20,
-        references=("propose", "ngram"),
+        references=("propose",),
     ),
     Exercise(
         "10.verify",
@@ -186,7 +186,7 @@ _ALL = (
         TORCH,
         points=2,
         minutes=25,
-        references=("verify_greedy", "verify_sampled", "rejection"),
+        references=("verify_greedy", "verify_sampled"),
     ),
 )
 
