@@ -289,6 +289,23 @@ def test_a_stop_inside_an_accepted_run_ends_it_there(monkeypatch) -> None:
     got, llm = run(params, speculative_config=ngram(8))
     assert got == expected and got[2][0][-1] == stop and got[2][1] == "stop"
     assert llm.llm_engine.speculator.stats.num_accepted_tokens > 0
+    counted = {m.name: m.value for m in llm.llm_engine.get_metrics() if hasattr(m, "value") and not m.labels}
+    assert counted["vllm:generation_tokens"] == sum(len(tokens) for tokens, _, _ in got)  # not the cut drafts
+
+
+@pytest.mark.parametrize("settings", FILTERS[:3], ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
+def test_seeded_samples_are_the_same_with_drafts(monkeypatch, settings: dict) -> None:
+    """Sample, then compare: a seeded request draws the same numbers with drafts as without, so it
+    gives the same tokens (float64: no rounding difference between one and several positions)."""
+    plain = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    want_greedy, _ = run(plain)
+    known = {tuple(p): w[0] for p, w in zip(PROMPTS, want_greedy, strict=True)}
+    params = SamplingParams(max_tokens=24, seed=3, ignore_eos=True, **settings)
+    want, _ = run(params)
+    monkeypatch.setattr("paged_attention.engine.speculation.propose", oracle(known, 10**9))
+    got, llm = run(params, speculative_config=ngram(4))
+    assert got == want
+    assert llm.llm_engine.speculator.stats.num_draft_tokens > 0
 
 
 def test_swap_preemption_with_drafts() -> None:

@@ -102,8 +102,8 @@ ROWS = [
     Row(
         '`LLM(..., speculative_config={"method": "ngram", ...})`',
         "differs",
-        "n-gram (prompt lookup) drafts only, vLLM v1's keys and defaults; greedy output identical to "
-        "decoding without drafts, sampled output in distribution; no drafts for beam search or "
+        "n-gram (prompt lookup) drafts only, vLLM v1's keys and defaults; greedy and seeded output "
+        "identical to decoding without drafts (sample, then compare); no drafts for beam search or "
         "`logprobs` requests; draft-model methods refused",
         "tests/test_speculative.py::test_greedy_output_equals_decoding_without_drafts",
     ),

@@ -137,9 +137,9 @@ class Sampler:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """What speculative decoding verifies drafts against, row by row (:mod:`.speculation`):
         the raw logits (float32), the processed ones (logits processing applied, as :meth:`draw`
-        does; their argmax is the greedy token) and, if the rows sample, the distributions drawn
-        from (temperature, min-p, top-k, top-p applied, rows summing to 1). All rows share one
-        sequence's settings; row ``i`` sees ``seqs[i]``'s history."""
+        does; their argmax is the greedy token) and, if the rows sample, the weights drawn from
+        (temperature, min-p, top-k, top-p applied; rows need not sum to 1, as in :meth:`__call__`).
+        All rows share one sequence's settings; row ``i`` sees ``seqs[i]``'s history."""
         raw = logits.to("cpu", torch.float32)
         params = [s.params for s in seqs]
         histories = [History(s.prompt_token_ids, s.output_token_ids) if needs_history(s.params) else None
@@ -147,8 +147,14 @@ class Sampler:
         work = process(raw.clone(), params, banned, histories)
         if params[0].greedy:
             return raw, work, None
-        probs = self._probabilities(work, params)
-        return raw, work, probs / probs.sum(dim=-1, keepdim=True)
+        return raw, work, self._probabilities(work, params)
+
+    def draw_from_row(self, weights: torch.Tensor, generator: torch.Generator) -> int:
+        """One token from a row of weights with one uniform draw, exactly as :meth:`__call__` draws
+        (inverse CDF), so that a request's stream of draws is the same with or without drafts."""
+        u = torch.rand((), generator=generator)
+        cdf = weights.cumsum(0)
+        return int(torch.searchsorted(cdf, u * cdf[-1]).clamp(max=cdf.numel() - 1))
 
     def generator_of(self, seq: Seq) -> torch.Generator:
         """The generator ``seq`` draws from (its own if seeded, else the shared one), saved for the

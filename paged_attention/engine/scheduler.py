@@ -58,7 +58,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 
-from .._checks import check_positive_int
+from .._checks import cdiv, check_positive_int
 from ..memory.manager import KVCacheManager
 from .detokenizer import Detokenizer
 from .policy import SchedulingPolicy
@@ -175,7 +175,7 @@ class Scheduler:
             self.finish(seq, FinishReason.ABORTED, now)
             finished.append(seq)
         rules, detokenizer = self.stop_rules, self.detokenizer
-        for seq, tokens in update.tokens:  # (4) one token at a time: nothing after a stop is kept
+        for index, (seq, tokens) in enumerate(update.tokens):  # (4) one at a time: nothing after a stop
             drawn = update.logprobs.get(seq.seq_id)
             for k, token in enumerate(tokens):
                 seq.output_token_ids.append(token)
@@ -190,6 +190,8 @@ class Scheduler:
                         seq.read_offset = seq.prefix_offset = len(seq.output_token_ids)  # text is final
                     self.finish(seq, stop.reason, now, stop.stop_reason, stop.hide_token)
                     finished.append(seq)
+                    update.tokens[index] = (seq, tokens[: k + 1])  # what was appended (metrics count it)
+                    seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens)  # drafts past it
                     break
         return finished  # (5)
 
@@ -223,6 +225,7 @@ class Scheduler:
             # Drafted tokens ride along a decode step when the budget and free memory allow; they
             # never cost anyone a preemption (without them the step still makes its one token).
             drafts = tuple(seq.draft_token_ids[: budget - 1]) if n == seq.num_uncomputed_tokens == 1 else ()
+            drafts = drafts[: self._draft_room(seq, len(drafts), len(self.running) - index - 1)]
             allocation = self.cache_manager.allocate_slots(seq, n, len(drafts)) if drafts else None
             if allocation is None:
                 drafts = ()
@@ -240,6 +243,17 @@ class Scheduler:
             out.scheduled.append(ScheduledSequence.of(seq, n + len(drafts), allocation.slot_mapping, drafts))
             budget -= n + len(drafts)
             index += 1
+
+    def _draft_room(self, seq: Sequence, num_drafts: int, younger: int) -> int:
+        """How many of ``num_drafts`` drafts ``seq`` may write: the blocks they take must leave the
+        watermark, and a block for each younger running sequence, free (a draft must never cost
+        anyone a preemption)."""
+        manager, size = self.cache_manager, self.cache_manager.block_size
+        spare = manager.num_free_blocks - manager.watermark_blocks - younger
+        first = seq.num_computed_tokens + 1  # the decode token's slot comes first
+        while num_drafts and cdiv(first + num_drafts, size) - cdiv(first, size) > spare:
+            num_drafts -= 1
+        return num_drafts
 
     def preempt_running(self) -> int:
         """Between steps: send every running sequence back to the waiting queue, to be recomputed

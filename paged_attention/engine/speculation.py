@@ -17,10 +17,17 @@ The path of a draft (vLLM v1's, with n-gram drafts):
    emitted), advances the computed count past the accepted drafts only, and truncates the rest:
    blocks that only rejected drafts held go back to the free queue at once.
 
+Sampled requests are verified by *sampling, then comparing*: at each position the target's token
+is drawn exactly as without drafts (one uniform, inverse CDF, from the request's generator), and a
+draft is accepted when it equals that token. A draft ``x`` is then accepted with probability
+``p(x)``, and a rejection yields a token from ``p`` without ``x``: for a single drafted token this is
+Leviathan et al.'s rule (:func:`.rejection.verify_sampled`, notebook 10's exercise), in distribution;
+and a seeded request draws the same numbers, hence (up to float rounding) the same tokens, as
+without drafts, whatever shares its batch.
+
 Not drafted: beam search (vLLM runs it outside the engine, without speculation) and requests that
-ask for ``logprobs`` (their top-k entries per position are not computed here). A seeded request
-draws its random numbers differently with drafts (one per accepted draft, one per rejection), so
-its tokens follow the same distribution but not the same seeded sequence as without.
+ask for ``logprobs`` (their top-k entries per position are not computed here). Drafts never take
+the blocks a younger running sequence may need this step (see :class:`~.scheduler.Scheduler`).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from .ngram import propose
 from .outputs import RequestMetrics
 from .parallel_sampling import SamplingRequest
 from .params import SamplingParams
-from .rejection import verify_greedy, verify_sampled
+from .rejection import verify_greedy
 from .request import Request
 from .sampling import Sampler
 from .sequence import Sequence
@@ -132,9 +139,15 @@ class Speculator:
         if probs is None:
             tokens, accepted = verify_greedy(drafts, work.argmax(dim=-1).tolist())
             processed = work
-        else:
-            tokens, accepted = verify_sampled(drafts, probs, sampler.generator_of(seq))
-            processed = probs.clamp(min=1e-45).log()
+        else:  # sample, then compare: one draw per emitted token, as without drafts (module docstring)
+            generator = sampler.generator_of(seq)
+            tokens, accepted = [], 0
+            for i in range(len(drafts) + 1):
+                tokens.append(sampler.draw_from_row(probs[i], generator))
+                if i == len(drafts) or tokens[-1] != drafts[i]:
+                    break
+                accepted += 1
+            processed = (probs / probs.sum(dim=-1, keepdim=True)).clamp(min=1e-45).log()
         table = (
             raw.log_softmax(dim=-1) if sampler.logprobs_mode == "raw_logprobs" else processed.log_softmax(-1)
         )
