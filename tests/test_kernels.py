@@ -334,3 +334,22 @@ def test_fused_decode_path_matches_the_explicit_oracle(dtype):
     fused = decode_with_plan(query, key_cache, value_cache, plan, 0.2, fused=True)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(fused.float(), explicit.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_prefill_path_matches_the_explicit_oracle(dtype):
+    """The engine's CPU prefill (torch's fused SDPA in the cache's dtype) equals attend()'s float32
+    math on the same inputs, to the dtype's rounding: decode rows, a fresh prompt and a chunk after a
+    cached prefix, in one packed batch."""
+    from paged_attention.kernels.reference import paged_prefill
+
+    torch.manual_seed(0)
+    case = make_paged_case([1 + 8, 13, 30], 8, 2, 32, dtype)  # q lens 1, 13 (all new), 5 after 25
+    q_lens = [1, 13, 5]
+    query = torch.randn(sum(q_lens), 8, 32).to(dtype)
+    args = (query, case.key_cache, case.value_cache, case.block_tables, case.seq_lens, query_start_loc(q_lens))
+    explicit = paged_prefill(*args, 0.2)
+    fused = paged_prefill(*args, 0.2, fused=True)
+    assert fused.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(fused.float(), explicit.float(), atol=tol, rtol=tol)

@@ -56,7 +56,7 @@ def threads():
 
 @pytest.fixture(scope="module")
 def llm(checkpoint) -> LLM:
-    return LLM(model=SMOLLM2.name, num_kv_blocks=64)
+    return LLM(model=SMOLLM2.name, num_kv_blocks=64, dtype="float32")  # compared with transformers
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_a_model_without_a_chat_template_says_so():
 
 
 def test_triton_backend_on_one_short_prompt(llm, checkpoint):
-    triton = LLM(model=SMOLLM2.name, num_kv_blocks=8, attention_backend="triton")
+    triton = LLM(model=SMOLLM2.name, num_kv_blocks=8, attention_backend="triton", dtype="float32")
     params = SamplingParams(temperature=0.0, max_tokens=3)
     ours = triton.generate("Paging splits memory", params, use_tqdm=False)[0].outputs[0].token_ids
     assert ours == llm.generate("Paging splits memory", params, use_tqdm=False)[0].outputs[0].token_ids

@@ -165,11 +165,13 @@ def default_setup(model_name: str | None) -> dict:
     }
 
 
-def load_models(model_name: str | None) -> tuple[torch.nn.Module, object, torch.nn.Module]:
+def load_models(
+    model_name: str | None, dtype: str | None = None
+) -> tuple[torch.nn.Module, object, torch.nn.Module]:
     """Our engine's model, its tokenizer, and a separate instance for transformers (our engine swaps
-    the attention function of the one it serves)."""
-    ours, tokenizer = load_model(model_name)
-    theirs, _ = load_model(model_name)
+    the attention function of the one it serves), both in ``dtype`` (default: ``auto``)."""
+    ours, tokenizer = load_model(model_name, dtype)
+    theirs, _ = load_model(model_name, dtype)
     return ours, tokenizer, theirs
 
 

@@ -99,10 +99,13 @@ def paged_prefill(
     *,
     backend: Backend = "auto",
 ) -> torch.Tensor:
-    """Causal attention of packed new tokens ``query[num_tokens, num_heads, head_dim]``."""
+    """Causal attention of packed new tokens ``query[num_tokens, num_heads, head_dim]``.
+
+    The torch backend runs torch's fused ``scaled_dot_product_attention`` in the cache's dtype
+    (:func:`.reference.paged_prefill` with ``fused=True``)."""
     if resolve_backend(backend, query.device) == "torch":
         return reference.paged_prefill(
-            query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale
+            query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, fused=True
         )
     return _triton()[1].paged_prefill(
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale

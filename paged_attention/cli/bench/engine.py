@@ -5,6 +5,10 @@ batches of ``--batch-size`` requests; ``hf-continuous``: transformers' continuou
 workload and the shared KV budget are :mod:`paged_attention.experiments.engine_vs_transformers`.
 The score is *useful* output tokens per second; it also reports how much of our engine's step time
 goes to bookkeeping rather than to the model, at 32+ running sequences.
+
+``--dtype`` names the dtype to load the model in (default ``auto``); with two or more, the command
+compares the dtypes instead (:mod:`.dtypes`): decode tokens/s at ``--batch-sizes`` sequences, the
+step against the weight-read bound, greedy agreement; written to ``figures/dtypes.{json,png}``.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 import argparse
 
 from ...experiments import engine_vs_transformers as versus
+from ...models import explain_dtype
 from .._threads import set_threads
+from . import dtypes
 
 
 def _print_run(name: str, result: dict | Exception) -> None:
@@ -40,14 +46,29 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=None, help="runs per method; the fastest counts")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: 2, 1 if busy)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["hf-static", "hf-continuous"])
+    parser.add_argument(
+        "--dtype",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="the model's dtype; two or more: compare them (decode speed, weight-read bound, agreement)",
+    )
+    parser.add_argument(
+        "--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="with several --dtype: sequences"
+    )
+    parser.add_argument("--no-save", action="store_true", help="with several --dtype: write nothing")
     opts = parser.parse_args(args)
+    if len(opts.dtype) > 1:
+        dtypes.run(opts.model, opts.dtype, opts.batch_sizes, set_threads(opts.threads), not opts.no_save)
+        return
     setup = versus.default_setup(opts.model)
     batch_size = opts.batch_size or setup["batch_size"]
     prompt_lens = tuple(opts.prompt_lens or setup["prompt_lens"])
     output_lens = tuple(opts.output_lens or setup["output_lens"])
     repeats = opts.repeats or setup["repeats"]
     threads = set_threads(opts.threads)
-    ours_model, tokenizer, hf_model = versus.load_models(opts.model)
+    ours_model, tokenizer, hf_model = versus.load_models(opts.model, opts.dtype[0])
+    print(f"dtype: {explain_dtype(opts.model, opts.dtype[0])}")
     if not versus.has_continuous_batching(hf_model) and "hf-continuous" not in opts.skip:
         print("this transformers has no continuous batching (generate_batch): hf-continuous skipped")
         opts.skip.append("hf-continuous")

@@ -1,0 +1,48 @@
+"""``python -m paged_attention bench engine --dtype float32 bfloat16``: the dtypes side by side.
+
+Decode tokens/s at each batch size, the step against the weight-read bound, and greedy agreement
+with the first dtype (:mod:`paged_attention.experiments.dtypes`); writes ``figures/dtypes.{json,png}``.
+"""
+
+from __future__ import annotations
+
+from ... import viz
+from ...experiments import dtypes
+from ...experiments.provenance import provenance
+from ._results import write_results
+
+
+def run(model: str | None, names: list[str], batch_sizes: list[int], threads: int, save: bool) -> dict:
+    """Measure, print and (if ``save``) write the comparison of ``names``."""
+    print(f"model {model or 'embedded'}, dtypes {', '.join(names)}, torch threads {threads}")
+    result = dtypes.compare(model, names, batch_sizes)
+    read, copy = (result["bandwidth"][k] / 1e9 for k in ("read", "copy"))
+    print(
+        f"memory bandwidth, streaming {dtypes.PROBE_BYTES >> 20} MiB: read {read:.1f} GB/s, "
+        f"copy {copy:.1f} GB/s (bytes copied)"
+    )
+    first = result["rows"][0]["dtype"]
+    speed = dtypes.speedups(result, first)
+    header = ("dtype", "seqs", "ms/step", "tok/s", f"vs {first}", "bound ms", "step/bound")
+    print("\n" + " ".join(f"{h:>10}" for h in header))
+    for r in result["rows"]:
+        cells = (
+            r["dtype"],
+            str(r["batch"]),
+            f"{r['step_s'] * 1e3:.1f}",
+            f"{r['tokens_per_s']:.1f}",
+            f"{speed[r['dtype']][r['batch']]:.2f}x",
+            f"{r['bound_s'] * 1e3:.1f}",
+            f"{r['step_s'] / r['bound_s']:.2f}x",
+        )
+        print(" ".join(f"{c:>10}" for c in cells))
+    print(f"\ngreedy answers ({result['max_tokens']} tokens, all prompts in one batch) against {first}:")
+    for name, a in result["agreement"].items():
+        diffs = sorted(a["first_difference"])
+        where = f"; the others first differ at tokens {diffs}" if diffs else ""
+        print(f"  {name}: {a['identical']}/{a['prompts']} identical{where}")
+    print(f"\ndtype='auto' here: {result['auto']}")
+    if save:
+        payload = {**result, "model": model, "threads": threads, **provenance()}
+        write_results("dtypes", payload, viz.dtypes.step_vs_bound(result))
+    return result

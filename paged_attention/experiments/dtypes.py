@@ -1,0 +1,166 @@
+"""float32 against bfloat16 on this CPU, in one run (``bench engine --dtype float32 bfloat16``).
+
+Three measurements, side by side:
+
+* **decode speed**: the real engine, one dtype after the other, with ``batch`` sequences all in
+  their decode phase (chat prompts, greedy, EOS ignored): the median time of a step, and tokens per
+  second (``batch`` tokens per step);
+* **the weight-read bound**: a decode step reads every weight once, so it cannot be faster than
+  the model's weight bytes divided by the memory bandwidth. The bandwidth is measured in the same
+  run by streaming through a buffer far larger than the caches (:func:`memory_bandwidth`: reading
+  it, the roof for reading weights; and copying it, counted once per byte copied);
+* **greedy agreement**: the same chat prompts answered greedily in each dtype, all in one batch:
+  how many answers are token for token those of the first dtype (float32), and where the others
+  first differ. bfloat16 keeps 8 bits of mantissa, so near-ties between two tokens can flip and the
+  answers then go their own ways; it is not an error, but it is the price, and it is counted here.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ..engine.chat import render_chat
+from ..engine.llm_engine import LLMEngine
+from ..engine.sampling import RequestOutputKind, SamplingParams
+from ..models import explain_dtype, load_model
+from .prompts import QUESTIONS
+
+BATCH_SIZES = (1, 16, 64)
+PROBE_BYTES = 256 << 20  #: the buffer streamed to measure bandwidth: far beyond any cache
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters, each tensor once (tied embeddings count once): what a decode
+    step reads (the output layer reads the whole embedding matrix)."""
+    seen: dict[int, int] = {}
+    for p in model.parameters():
+        seen[p.data_ptr()] = p.numel() * p.element_size()
+    return sum(seen.values())
+
+
+def memory_bandwidth(repeats: int = 3) -> dict[str, float]:
+    """Bytes per second of streaming through :data:`PROBE_BYTES` at the current torch thread count,
+    best of ``repeats``: ``read`` (summing it) and ``copy`` (copying it, bytes of the copy)."""
+    src = torch.ones(PROBE_BYTES // 4)
+    dst = torch.empty_like(src)
+
+    def best(run: Callable[[], object]) -> float:
+        run()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return PROBE_BYTES / min(times)
+
+    return {"read": best(src.sum), "copy": best(lambda: dst.copy_(src))}
+
+
+def chat_prompts(tokenizer: object, count: int) -> list[dict]:
+    """``count`` chat prompts from :data:`~.prompts.QUESTIONS`, cycled."""
+    return [
+        render_chat(tokenizer, [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}])
+        for i in range(count)
+    ]
+
+
+def decode_step_seconds(engine: LLMEngine, prompts: Sequence[dict], steps: int, warmup: int = 2) -> dict:
+    """Median seconds of a step while every one of ``prompts`` decodes (prefills done, ``warmup``
+    steps skipped), over ``steps`` steps; the requests are aborted afterwards."""
+    params = SamplingParams(temperature=0.0, max_tokens=warmup + steps + 64, ignore_eos=True,
+                            output_kind=RequestOutputKind.FINAL_ONLY)  # fmt: skip
+    ids = [engine.add_request(f"decode-{i}", p, params) for i, p in enumerate(prompts)]
+    batch = len(prompts)
+    while True:  # until a step schedules one token per sequence: every prefill is done
+        engine.step()
+        if engine.last_step.num_scheduled_tokens == engine.last_step.num_scheduled_seqs == batch:
+            break
+    for _ in range(warmup):
+        engine.step()
+    times, forward = [], []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+        forward.append(engine.last_step.forward_seconds)
+        if engine.last_step.num_scheduled_seqs != batch:
+            raise RuntimeError(f"the batch changed while timing ({engine.last_step.num_scheduled_seqs})")
+    engine.abort_request(ids)
+    step = statistics.median(times)
+    forward_s = statistics.median(forward)
+    return {"batch": batch, "step_s": step, "forward_s": forward_s, "tokens_per_s": batch / step}
+
+
+def greedy_answers(engine: LLMEngine, prompts: Sequence[dict], max_tokens: int) -> list[list[int]]:
+    """Every prompt answered greedily, all in one batch."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, output_kind=RequestOutputKind.FINAL_ONLY)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"answer-{i}", p, params)
+    answers: dict[int, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            answers[int(out.request_id.split("-")[1])] = list(out.outputs[0].token_ids)
+    return [answers[i] for i in range(len(prompts))]
+
+
+def agreement(reference: list[list[int]], other: list[list[int]]) -> dict:
+    """How many answers are identical, and the token index where each other one first differs."""
+    first = []
+    for a, b in zip(reference, other, strict=True):
+        if a != b:
+            pairs = enumerate(zip(a, b, strict=False))  # the shorter answer may stop first
+            first.append(next((i for i, (x, y) in pairs if x != y), min(len(a), len(b))))
+    return {"identical": len(reference) - len(first), "prompts": len(reference), "first_difference": first}
+
+
+def compare(
+    model: str | None,
+    dtypes: Sequence[str],
+    batch_sizes: Sequence[int] = BATCH_SIZES,
+    steps: int = 10,
+    num_prompts: int = 16,
+    max_tokens: int = 48,
+    progress: Callable[[str], None] = print,
+) -> dict:
+    """Decode speed, weight-read bound and greedy agreement for each of ``dtypes`` (the first is the
+    reference for agreement); see the module docstring. One engine per dtype, then freed."""
+    bandwidth = memory_bandwidth()
+    rows, answers, sizes = [], {}, {}
+    for name in dtypes:
+        hf_model, tokenizer = load_model(model, dtype=name)
+        dtype = str(next(hf_model.parameters()).dtype).removeprefix("torch.")
+        sizes[dtype] = weight_bytes(hf_model)
+        blocks = max(batch_sizes) * (64 + steps + 80) // 16 + 16
+        engine = LLMEngine(hf_model, tokenizer, num_kv_blocks=blocks, max_num_seqs=max(batch_sizes),
+                           enable_prefix_caching=False)  # fmt: skip
+        for batch in batch_sizes:
+            row = decode_step_seconds(engine, chat_prompts(tokenizer, batch), steps)
+            row |= {"dtype": dtype, "weight_bytes": sizes[dtype],
+                    "bound_s": sizes[dtype] / bandwidth["read"]}  # fmt: skip
+            rows.append(row)
+            progress(f"  {dtype}, {batch} sequences: {row['step_s'] * 1e3:.1f} ms per decode step")
+        answers[dtype] = greedy_answers(engine, chat_prompts(tokenizer, num_prompts), max_tokens)
+        del engine, hf_model
+    reference = next(iter(answers.values()))
+    return {
+        "rows": rows,
+        "bandwidth": bandwidth,
+        "agreement": {d: agreement(reference, a) for d, a in answers.items()},
+        "auto": explain_dtype(model, "auto"),
+        "steps": steps,
+        "max_tokens": max_tokens,
+    }
+
+
+def speedups(result: dict, reference: str = "float32") -> dict[str, dict[int, float]]:
+    """``{dtype: {batch: tokens/s over the reference dtype's}}`` from :func:`compare`'s rows."""
+    base = {r["batch"]: r["tokens_per_s"] for r in result["rows"] if r["dtype"] == reference}
+    out: dict[str, dict[int, float]] = {}
+    for r in result["rows"]:
+        if r["batch"] in base:
+            out.setdefault(r["dtype"], {})[r["batch"]] = r["tokens_per_s"] / base[r["batch"]]
+    return out

@@ -1,0 +1,207 @@
+"""Which dtype ``dtype="auto"`` serves a model in on a CPU: bfloat16 where this processor multiplies
+bfloat16 faster than float32, else float32.
+
+A decode step reads every weight once and does little arithmetic per byte, so halving the bytes
+(bfloat16) can nearly halve the step, but only where the processor *computes* bfloat16 natively
+(x86 AVX512-BF16 or AMX, Arm's BF16 extension): elsewhere torch converts each element to float32
+and the product gets slower, not faster. So ``auto`` decides by measuring: the model's own MLP
+product (``[rows, hidden] @ [hidden, intermediate]``, over enough distinct weights to leave the
+caches) at 1 and 16 rows, float32 against bfloat16 as the engine runs it (packed,
+:mod:`.packed_linear`), at the current torch thread count. bfloat16 is chosen when it is at least
+:data:`MARGIN` times faster at every row count probed. Two cases stay float32 without measuring:
+a checkpoint stored in float32 (its weights would lose precision the checkpoint holds: bfloat16
+keeps 8 bits of mantissa; SmolLM2's checkpoint is bfloat16 to begin with, so it loses nothing), and
+a model whose float32 weights fit in :data:`SMALL_MODEL_BYTES` (its weights stay in the caches, so
+halving their bytes saves little, while exact comparisons in float32 stay easy: the embedded tiny
+model, 10 MB, is one).
+
+The decision is cached, in this process and on disk (``cpu-dtype.json`` in the package's cache
+folder), under this processor's name and flags, torch's version, the thread count, the shapes and
+``ONEDNN_MAX_CPU_ISA`` (which caps the instructions oneDNN may use, e.g. ``AVX2`` forces a slow,
+emulated bfloat16): the same machine makes the same choice every run. vLLM's CPU backend, by
+contrast, serves bfloat16 whenever ``auto`` meets a half-precision checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .embedded import cache_dir
+from .packed_linear import pack_weight, packed_product, packing_available
+
+MARGIN = 1.1  #: bfloat16 must be this many times faster than float32 at every probed row count
+PROBE_ROWS = (1, 16)  #: one sequence decoding, and a typical continuous batch
+PROBE_BYTES = 32 << 20  #: float32 weight bytes the probe streams through (beyond the caches)
+SMALL_MODEL_BYTES = 64 << 20  #: float32 weights up to this size stay float32 under ``auto``
+Measure = Callable[[int, int], dict[int, float]]
+
+
+@dataclass(frozen=True)
+class CpuDtypeChoice:
+    """What ``auto`` chose on this CPU, and why (for the model-load line); ``speedups``: float32 time
+    over bfloat16 time of the probe, by rows (empty when nothing was measured)."""
+
+    dtype: torch.dtype
+    reason: str
+    speedups: dict[int, float] = field(default_factory=dict)
+
+
+_chosen: dict[str, CpuDtypeChoice] = {}
+
+
+def native_bfloat16() -> bool:
+    """Whether torch reports that this CPU computes bfloat16 natively (oneDNN's own check)."""
+    check = getattr(getattr(torch.ops, "mkldnn", None), "_is_mkldnn_bf16_supported", None)
+    try:
+        return bool(check()) if check is not None else platform.machine() in ("arm64", "aarch64")
+    except RuntimeError:
+        return False
+
+
+def choose_cpu_dtype(config: object, measure: Measure | None = None) -> CpuDtypeChoice:
+    """The dtype ``auto`` serves the model of ``config`` in on this CPU (see the module docstring).
+
+    ``measure(hidden, intermediate)`` returns ``{rows: float32 seconds / bfloat16 seconds}``; by
+    default :func:`measure_speedups`, cached. A test passes its own to force a slow bfloat16."""
+    stored = _stored_dtype(config)
+    if stored not in (torch.bfloat16, torch.float16):
+        name = str(stored).removeprefix("torch.")
+        return CpuDtypeChoice(torch.float32, f"the checkpoint is stored in {name}")
+    size = float32_weight_bytes(config)
+    if size <= SMALL_MODEL_BYTES:
+        return CpuDtypeChoice(torch.float32, f"a small model ({size / 2**20:.0f} MB in float32) stays in it")
+    if measure is None and not native_bfloat16():
+        return CpuDtypeChoice(torch.float32, "this CPU reports no native bfloat16 arithmetic")
+    hidden, intermediate = _shapes(config)
+    if measure is not None:
+        return _decide(measure(hidden, intermediate))
+    key = _key(hidden, intermediate)
+    if key not in _chosen:
+        speedups = _load(key)
+        if speedups is None:
+            speedups = measure_speedups(hidden, intermediate)
+            _store(key, speedups)
+        _chosen[key] = _decide(speedups)
+    return _chosen[key]
+
+
+def _decide(speedups: dict[int, float]) -> CpuDtypeChoice:
+    threads = torch.get_num_threads()
+    shown = " and ".join(f"{s:.2f}x at {r} row{'s' * (r != 1)}" for r, s in sorted(speedups.items()))
+    measured = f"{shown}, {threads} thread{'s' * (threads != 1)}"
+    if min(speedups.values()) >= MARGIN:
+        return CpuDtypeChoice(torch.bfloat16, f"its bfloat16 matmul is faster here: {measured}", speedups)
+    reason = f"its bfloat16 matmul is not {MARGIN}x as fast here: {measured}"
+    return CpuDtypeChoice(torch.float32, reason, speedups)
+
+
+def measure_speedups(hidden: int, intermediate: int, rows: tuple[int, ...] = PROBE_ROWS) -> dict[int, float]:
+    """``{rows: float32 time / bfloat16 time}`` of ``x[rows, hidden] @ W[hidden, intermediate]`` over
+    enough distinct weights to stream :data:`PROBE_BYTES` (best of 3 passes each; ~0.1 s)."""
+    count = max(1, min(16, PROBE_BYTES // (4 * hidden * intermediate)))
+    gen = torch.Generator().manual_seed(0)
+    weights = [torch.randn(intermediate, hidden, generator=gen) * 0.02 for _ in range(count)]
+    halves = [w.to(torch.bfloat16) for w in weights]
+    packed = [pack_weight(w) for w in halves] if packing_available() else None
+    speedups = {}
+    with torch.inference_mode():
+        for n in rows:
+            x = torch.randn(n, hidden, generator=gen)
+            half = x.to(torch.bfloat16)
+            full_time = _best_of(3, lambda: [F.linear(x, w) for w in weights])  # noqa: B023
+            if packed is not None:
+                half_time = _best_of(3, lambda: [packed_product(half, p, None) for p in packed])  # noqa: B023
+            else:
+                half_time = _best_of(3, lambda: [F.linear(half, w) for w in halves])  # noqa: B023
+            speedups[n] = full_time / half_time
+    return speedups
+
+
+def _best_of(repeats: int, run: Callable[[], object]) -> float:
+    run()  # warm-up: oneDNN builds its kernels on first use
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _stored_dtype(config: object) -> torch.dtype | None:
+    text = getattr(config, "get_text_config", lambda: config)()
+    stored = getattr(text, "dtype", None) or getattr(text, "torch_dtype", None)
+    if isinstance(stored, str):
+        stored = getattr(torch, stored.removeprefix("torch."), None)
+    return stored if isinstance(stored, torch.dtype) else None
+
+
+def float32_weight_bytes(config: object) -> int:
+    """The model's weight bytes in float32, from its config (a decoder-only transformer's layout:
+    attention and MLP projections per layer, the embedding, and an output layer unless tied)."""
+    text = getattr(config, "get_text_config", lambda: config)()
+    hidden, intermediate = _shapes(config)
+    heads = int(getattr(text, "num_attention_heads", 1) or 1)
+    kv_dim = int(getattr(text, "num_key_value_heads", heads) or heads) * (hidden // heads)
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv_dim + 3 * hidden * intermediate
+    vocab = int(getattr(text, "vocab_size", 0) or 0) * hidden
+    tied = getattr(config, "tie_word_embeddings", True)
+    return 4 * (int(getattr(text, "num_hidden_layers", 1) or 1) * per_layer + vocab * (1 if tied else 2))
+
+
+def _shapes(config: object) -> tuple[int, int]:
+    text = getattr(config, "get_text_config", lambda: config)()
+    hidden = int(getattr(text, "hidden_size", 0) or 512)
+    return hidden, int(getattr(text, "intermediate_size", 0) or 4 * hidden)
+
+
+def _key(hidden: int, intermediate: int) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            lines = [ln for ln in info if ln.startswith(("model name", "flags", "Features"))][:2]
+        cpu = hashlib.sha256("".join(lines).encode()).hexdigest()[:16]
+    except OSError:
+        pass
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
+    return f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads|{hidden}x{intermediate}|{isa}"
+
+
+def _cache_file() -> Path:
+    return cache_dir() / "cpu-dtype.json"
+
+
+def _load(key: str) -> dict[int, float] | None:
+    try:
+        entry = json.loads(Path(_cache_file()).read_text()).get(key)
+        return {int(r): float(s) for r, s in entry.items()} if entry else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _store(key: str, speedups: dict[int, float]) -> None:
+    path = _cache_file()
+    try:
+        known = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    known[key] = speedups
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as out:
+            json.dump(known, out, indent=1)
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache folder: the choice is still cached in this process
+        pass

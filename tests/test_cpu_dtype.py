@@ -1,0 +1,176 @@
+"""bfloat16 on a CPU: what ``dtype="auto"`` picks and why, the packed linear layers, and an engine
+whose weights, activations and KV cache are bfloat16 (KV bytes and blocks follow the dtype, the
+sampler works in float32)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig
+
+from paged_attention import LLM, LLMEngine, SamplingParams
+from paged_attention.engine.sampling import Sampler
+from paged_attention.models import cpu_dtype, explain_dtype, load_model, resolve_dtype
+from paged_attention.models.cpu_dtype import MARGIN, choose_cpu_dtype, float32_weight_bytes
+from paged_attention.models.packed_linear import PackedLinear, pack_linear_layers, packing_available
+
+CPU = torch.device("cpu")
+#: SmolLM2-135M's shapes, stored in bfloat16 (no weights needed to decide)
+SMOLLM2_LIKE = LlamaConfig(
+    hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, dtype="bfloat16",
+)  # fmt: skip
+needs_packing = pytest.mark.skipif(not packing_available(), reason="this CPU/torch cannot pack bfloat16")
+
+
+def _never(*_: object) -> dict:
+    raise AssertionError("nothing should have been measured")
+
+
+def test_the_weight_estimate_matches_smollm2s_135m_parameters():
+    assert float32_weight_bytes(SMOLLM2_LIKE) == pytest.approx(4 * 134.5e6, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("speedups", "expected"),
+    [
+        ({1: 1.34, 16: 3.3}, torch.bfloat16),  # this machine
+        ({1: 0.98, 16: 0.22}, torch.float32),  # the same CPU with oneDNN capped at AVX2 (measured)
+        ({1: 1.05, 16: 3.3}, torch.float32),  # faster in a batch, not alone: never slower at any size
+        ({1: MARGIN, 16: MARGIN}, torch.bfloat16),
+    ],
+)
+def test_auto_picks_bfloat16_only_where_it_is_measured_faster_at_every_size(speedups, expected):
+    choice = choose_cpu_dtype(SMOLLM2_LIKE, measure=lambda hidden, inter: speedups)
+    assert choice.dtype == expected and choice.speedups == speedups
+    assert f"{speedups[16]:.2f}x at 16 rows" in choice.reason
+
+
+def test_auto_keeps_float32_checkpoints_and_small_models_without_measuring():
+    stored_full = LlamaConfig(**{**SMOLLM2_LIKE.to_dict(), "dtype": "float32"})
+    assert choose_cpu_dtype(stored_full, measure=_never).reason == "the checkpoint is stored in float32"
+    tiny = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4, vocab_size=512,
+                       dtype="bfloat16")  # fmt: skip
+    choice = choose_cpu_dtype(tiny, measure=_never)
+    assert choice.dtype == torch.float32 and "small model" in choice.reason
+    # the embedded model (stored in bfloat16, 10 MB in float32) is served in float32
+    assert LLM().llm_engine.spec.dtype == torch.float32
+    assert explain_dtype(None).startswith("float32 (auto: a small model")
+
+
+def test_auto_without_native_bfloat16_is_float32(monkeypatch):
+    monkeypatch.setattr(cpu_dtype, "native_bfloat16", lambda: False)
+    monkeypatch.setattr(cpu_dtype, "measure_speedups", _never)
+    monkeypatch.setattr(cpu_dtype, "_chosen", {})
+    assert resolve_dtype("auto", CPU, SMOLLM2_LIKE) == torch.float32
+    assert resolve_dtype("bfloat16", CPU, SMOLLM2_LIKE) == torch.bfloat16  # forcing it still works
+
+
+def test_the_choice_is_measured_once_and_cached_on_disk(monkeypatch, tmp_path):
+    monkeypatch.setenv("PAGED_ATTENTION_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_dtype, "native_bfloat16", lambda: True)
+    monkeypatch.setattr(cpu_dtype, "_chosen", {})
+    calls = []
+
+    def measure(hidden, inter):
+        calls.append((hidden, inter))
+        return {1: 0.5, 16: 0.9}  # a slow bfloat16
+
+    monkeypatch.setattr(cpu_dtype, "measure_speedups", measure)
+    assert resolve_dtype("auto", CPU, SMOLLM2_LIKE) == torch.float32
+    assert resolve_dtype(None, CPU, SMOLLM2_LIKE) == torch.float32
+    assert calls == [(576, 1536)]
+    stored = json.loads((tmp_path / "cpu-dtype.json").read_text())
+    (key,) = stored
+    assert "576x1536" in key and f"torch {torch.__version__}" in key and stored[key] == {"1": 0.5, "16": 0.9}
+    monkeypatch.setattr(cpu_dtype, "_chosen", {})  # a new process: read from disk, not measured again
+    assert choose_cpu_dtype(SMOLLM2_LIKE).speedups == {1: 0.5, 16: 0.9} and len(calls) == 1
+    (tmp_path / "cpu-dtype.json").write_text("{not json")  # a damaged file is measured again
+    monkeypatch.setattr(cpu_dtype, "_chosen", {})
+    assert choose_cpu_dtype(SMOLLM2_LIKE).dtype == torch.float32 and len(calls) == 2
+
+
+@pytest.mark.skipif(not cpu_dtype.native_bfloat16(), reason="this CPU has no native bfloat16")
+def test_a_cpu_forced_to_emulate_bfloat16_measures_it_slower_and_auto_keeps_float32(tmp_path):
+    """The real thing, not a stub: oneDNN capped at AVX2 (``ONEDNN_MAX_CPU_ISA``) has no bfloat16
+    instructions, so torch reports none, the probe measures bfloat16 slower, and auto says float32."""
+    code = (
+        "import torch, json; torch.set_num_threads(1)\n"
+        "from transformers import LlamaConfig\n"
+        "from paged_attention.models import cpu_dtype, resolve_dtype\n"
+        "config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,\n"
+        "    num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, dtype='bfloat16')\n"
+        "print(json.dumps([cpu_dtype.native_bfloat16(), cpu_dtype.measure_speedups(576, 1536),\n"
+        "    str(resolve_dtype('auto', torch.device('cpu'), config))]))\n"
+    )
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "PAGED_ATTENTION_CACHE": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    native, speedups, chosen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert native is False and speedups["16"] < 1 and chosen == "torch.float32"
+
+
+@needs_packing
+@pytest.mark.parametrize("shape", [(1, 64), (5, 64), (2, 7, 64), (40, 64)])
+def test_a_packed_linear_equals_f_linear_bit_for_bit(shape):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96, bias=True).to(torch.bfloat16)
+    x = torch.randn(shape).to(torch.bfloat16)
+    packed = PackedLinear(linear)
+    with torch.inference_mode():
+        assert torch.equal(packed(x), F.linear(x, linear.weight, linear.bias))
+        linear.weight.mul_(2)  # changed in place: noticed and repacked
+        assert torch.equal(packed(x), F.linear(x, linear.weight, linear.bias))
+    y = packed(x.requires_grad_())  # with autograd: the ordinary product, which has a gradient
+    y.sum().backward()
+    assert x.grad is not None
+
+
+@needs_packing
+def test_packing_a_model_keeps_its_parameters_ties_and_results():
+    model, tokenizer = load_model(dtype="bfloat16")
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's are
+    before = dict(model.named_parameters(remove_duplicate=False))
+    engine = LLMEngine(model, tokenizer, num_kv_blocks=16)
+    assert engine.runner.num_packed_layers == 4 * 7 + 1  # q k v o gate up down per layer, and lm_head
+    assert all(type(m) is not torch.nn.Linear for m in model.modules())
+    after = dict(model.named_parameters(remove_duplicate=False))
+    assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)  # the same tensors
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
+    assert pack_linear_layers(model) == 0  # nothing left to pack
+    assert pack_linear_layers(torch.nn.Linear(4, 4)) == 0  # float32 is never packed
+
+
+def test_a_bfloat16_engine_caches_bfloat16_and_gets_twice_the_blocks():
+    budget = 1 << 20
+    full = LLMEngine(dtype="float32", kv_cache_memory=budget)
+    half = LLMEngine(dtype="bfloat16", kv_cache_memory=budget)
+    assert half.spec.dtype == half.kv_cache.data.dtype == torch.bfloat16
+    assert half.spec.bytes_per_token * 2 == full.spec.bytes_per_token
+    assert half.cache_manager.num_blocks == 2 * full.cache_manager.num_blocks
+    half.add_request("a", "The cache", SamplingParams(max_tokens=6, temperature=0, logprobs=2))
+    while half.has_unfinished_requests():  # the engine runs end to end in bfloat16
+        outputs = half.step()
+    answer = outputs[0].outputs[0]
+    assert len(answer.token_ids) == 6
+    assert all(-50 < lp[t].logprob <= 0 for t, lp in zip(answer.token_ids, answer.logprobs, strict=True))
+
+
+def test_the_sampler_works_in_float32_from_bfloat16_logits():
+    """Log-probabilities come from float32 softmax of the bfloat16 logits, not from a bfloat16 one
+    (whose 8-bit mantissa would round -0.0123 to -0.0123046875 and worse)."""
+    torch.manual_seed(0)
+    logits = (torch.randn(3, 500) * 4).to(torch.bfloat16)
+    params = [SamplingParams(temperature=0, logprobs=5)] * 3
+    out = Sampler(0, "raw_logprobs")(logits, params, [None] * 3)
+    exact = logits.float().log_softmax(-1)
+    assert out.tokens == exact.argmax(-1).tolist()
+    assert out.logprobs == pytest.approx(exact.max(-1).values.tolist(), abs=1e-6)
+    assert out.distributions[0].dtype == torch.float32
+    torch.testing.assert_close(out.distributions[0], exact[0], atol=1e-6, rtol=0)
