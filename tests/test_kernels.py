@@ -347,7 +347,14 @@ def test_fused_prefill_path_matches_the_explicit_oracle(dtype):
     case = make_paged_case([1 + 8, 13, 30], 8, 2, 32, dtype)  # q lens 1, 13 (all new), 5 after 25
     q_lens = [1, 13, 5]
     query = torch.randn(sum(q_lens), 8, 32).to(dtype)
-    args = (query, case.key_cache, case.value_cache, case.block_tables, case.seq_lens, query_start_loc(q_lens))
+    args = (
+        query,
+        case.key_cache,
+        case.value_cache,
+        case.block_tables,
+        case.seq_lens,
+        query_start_loc(q_lens),
+    )
     explicit = paged_prefill(*args, 0.2)
     fused = paged_prefill(*args, 0.2, fused=True)
     assert fused.dtype == dtype

@@ -153,9 +153,9 @@ def test_chat_command_streams_answers_from_stdin(checkpoint, monkeypatch, capsys
 def test_demo_compares_paged_and_contiguous_on_the_real_model(checkpoint, capsys):
     from paged_attention.cli.demo import run_demo
 
-    result = run_demo(num_requests=4, num_kv_blocks=24, max_tokens=6, threads=1, show=1)
+    result = run_demo(num_requests=4, num_kv_blocks=24, max_tokens=6, threads=1, show=1, dtype="float32")
     out = capsys.readouterr().out
-    assert "identical outputs" in out and "Paris" in out
+    assert "identical outputs" in out and "Paris" in out and "dtype: float32 (asked for)" in out
     assert result["identical"] == 4
     assert result["paged"]["peak_running"] > result["contiguous"]["peak_running"]
 

@@ -127,7 +127,7 @@ def run_chat(
     threads = set_threads(opts.threads)
     if engine is None:
         engine = LLMEngine(opts.model, num_kv_blocks=opts.num_kv_blocks, seed=opts.seed,
-                           max_model_len=opts.max_model_len)  # fmt: skip
+                           max_model_len=opts.max_model_len, dtype=getattr(opts, "dtype", None))  # fmt: skip
     params = SamplingParams(
         temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens, seed=opts.seed,
         output_kind=RequestOutputKind.DELTA,
@@ -136,7 +136,8 @@ def run_chat(
     interactive = stdin.isatty()
     out.write(
         f"chat with {opts.model or 'the embedded model'} ({engine.cache_manager.num_blocks} KV blocks, "
-        f"max_model_len={engine.max_model_len}, torch threads {threads}); empty line or /exit ends, "
+        f"max_model_len={engine.max_model_len}, {str(engine.spec.dtype).removeprefix('torch.')}, "
+        f"torch threads {threads}); empty line or /exit ends, "
         "/reset forgets\n"
     )
     if template is not None:

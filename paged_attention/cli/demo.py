@@ -13,19 +13,25 @@ tokens per second, how much of the KV memory held token states (rather than rese
 preemptions, and whether the two runs wrote the same tokens; then a few of the answers. Prefix
 caching is off in both, so the memory layout is the only difference. ``--model tiny`` runs the old
 demo on the embedded random model instead (seconds; gibberish text, real memory behaviour).
+
+The model runs in what ``dtype="auto"`` picks (printed): bfloat16 on a CPU that multiplies it
+faster, else float32 (:mod:`paged_attention.models.cpu_dtype`). In bfloat16 the two runs may part
+ways on a few answers: the runs batch requests differently, a batch's sums round differently, and a
+near-tie between two tokens can flip. ``--dtype float32`` makes them token-identical.
 """
 
 from __future__ import annotations
 
 import time
 
+import torch
 from tqdm.auto import tqdm
 
 from ..baselines.engines import baseline_engine
 from ..engine.chat import render_chat
 from ..engine.sampling import RequestOutputKind, SamplingParams
 from ..experiments.prompts import QUESTIONS
-from ..models import load_model
+from ..models import explain_dtype, load_model
 from ..models.pretrained import SMOLLM2, find_pretrained
 from ._threads import set_threads
 
@@ -73,6 +79,7 @@ def run_demo(
     threads: int | None = None,
     model: str = SMOLLM2.name,
     show: int = 3,
+    dtype: str = "auto",
 ) -> dict:
     """Run the comparison (see the module docstring) and print it; returns both runs' numbers."""
     if not 1 <= num_requests <= len(QUESTIONS):
@@ -80,14 +87,15 @@ def run_demo(
     threads = set_threads(threads)
     model = find_pretrained(model).name if find_pretrained(model) else model
     start = time.perf_counter()
-    hf_model, tokenizer = load_model(model)
+    hf_model, tokenizer = load_model(model, dtype)
     loaded = time.perf_counter() - start
+    served = next(hf_model.parameters()).dtype
     prompts = [render_chat(tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS[:num_requests]]
     slots = num_kv_blocks * block_size
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, output_kind=RequestOutputKind.FINAL_ONLY)
     print(
         f"model: {model} ({sum(p.numel() for p in hf_model.parameters()) / 1e6:.0f}M parameters, "
-        f"loaded in {loaded:.1f} s), torch threads: {threads}\n"
+        f"loaded in {loaded:.1f} s), torch threads: {threads}\ndtype: {explain_dtype(model, dtype)}\n"
         f"{num_requests} chat prompts ({min(len(p['prompt_token_ids']) for p in prompts)}-"
         f"{max(len(p['prompt_token_ids']) for p in prompts)} tokens), greedy, up to {max_tokens} "
         f"output tokens each\nKV budget for both: {slots} token slots ({num_kv_blocks} blocks x "
@@ -118,6 +126,11 @@ def run_demo(
     for name, key, fmt in rows:
         print(f"{name:34}{fmt.format(contiguous[key]):>12}{fmt.format(paged[key]):>10}")
     print(f"{'identical outputs':34}{f'{same}/{num_requests}':>22}")
+    if same < num_requests and served in (torch.bfloat16, torch.float16):
+        print(
+            f"  (in {str(served).removeprefix('torch.')} a step's sums round differently when the batch\n"
+            "   differs, so a near-tie between two tokens can flip; `--dtype float32` runs are identical)"
+        )
     speedup = paged["tokens_per_second"] / contiguous["tokens_per_second"]
     print(f"\npaged: {speedup:.2f}x the throughput in the same KV memory; every block free again: "
           f"{paged['all_free'] and contiguous['all_free']}")  # fmt: skip

@@ -4,9 +4,9 @@ Every figure is drawn through :mod:`paged_attention.viz`. The notebooks build th
 so this command runs them (on copies; the stored notebook outputs are left alone) and lets them
 save their figures. The paper's experiments at full size are benchmark commands; their figures
 (``fragmentation``, ``capacity``, ``latency``, ``block_size``, ``throughput``, ``sharing_memory``,
-``sharing_prefix``, ``serve_sweep``, and ``serve_overhead.json``) come from running those commands
-with their default settings; ``python -m paged_attention readme`` then puts their numbers into
-README.md.
+``sharing_prefix``, ``serve_sweep``, ``spec_decode``, ``dtypes``, and ``serve_overhead.json``) come
+from running those commands with their default settings, or those :data:`MEASURED` names;
+``python -m paged_attention readme`` then puts their numbers into README.md.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ MEASURED = {
     "serve-sweep": [],  # Figure 12 through the real server and SmolLM2 (several minutes)
     "serve": ["--compare-offline"],  # the server's overhead over the engine
     "spec-decode": [],  # speculative decoding with and without drafts, SmolLM2 (several minutes)
+    "engine": ["--model", "smollm2", "--dtype", "float32", "bfloat16", "--threads", "1"],  # ~35 s
 }
 EXPERIMENTS = (*REPLAYED, *MEASURED)
 

@@ -72,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--max-tokens", type=int, default=48, help="smollm2: output tokens per answer")
     demo.add_argument("--threads", type=int, default=None, help="torch threads (default: 2, 1 if busy)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        help="smollm2: auto (default): bfloat16 where this CPU computes it faster, else float32",
+    )  # fmt: skip
     gen = sub.add_parser("generate", help="stream one completion")
     gen.add_argument("--model", default=None, help="checkpoint folder or cached hub name (default: embedded)")
     gen.add_argument("--prompt", required=True)
@@ -93,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("--num-kv-blocks", type=int, default=256)
     chat.add_argument("--max-model-len", type=int, default=None, help="default: the model's (or what fits)")
     chat.add_argument("--threads", type=int, default=None, help="torch threads (default: see demo --help)")
+    chat.add_argument("--dtype", default="auto", help="auto (default), float32, bfloat16 or float16")
     walk = sub.add_parser("walkthrough", help="paged KV memory step by step")
     walk.add_argument("--seed", type=int, default=0)
     bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
@@ -124,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             from .demo import run_demo
 
             run_demo(opts.requests or 16, opts.num_kv_blocks or 64, opts.block_size,
-                     max_tokens=opts.max_tokens, threads=opts.threads, model=opts.model)  # fmt: skip
+                     max_tokens=opts.max_tokens, threads=opts.threads, model=opts.model,
+                     dtype=opts.dtype)  # fmt: skip
     elif opts.command == "generate":
         _generate(opts)
     elif opts.command == "chat":

@@ -94,7 +94,8 @@ def main(args: list[str] | None = None) -> None:
     print(
         f"serving {name} on http://{opts.host}:{opts.port} ({opts.kv_manager} KV cache: "
         f"{manager.num_blocks} blocks of {manager.block_size} tokens, max_model_len {engine.max_model_len}, "
-        f"max_num_seqs {opts.max_num_seqs}, torch threads {threads})",
+        f"max_num_seqs {opts.max_num_seqs}, {str(engine.spec.dtype).removeprefix('torch.')}, "
+        f"torch threads {threads})",
         flush=True,
     )
     app = build_app(AsyncLLM(engine, opts.max_waiting), name, template)
