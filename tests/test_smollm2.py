@@ -221,7 +221,7 @@ def test_speculative_decoding_gives_the_same_greedy_answers(llm):
     messages = [[{"role": "user", "content": p}] for p in prompts]
     params = SamplingParams(temperature=0, max_tokens=48)
     config = {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-    spec = LLM(model=SMOLLM2.name, num_kv_blocks=64, speculative_config=config)
+    spec = LLM(model=SMOLLM2.name, num_kv_blocks=64, speculative_config=config, dtype="float32")
     want = [o.outputs[0].token_ids for o in llm.chat(messages, params, use_tqdm=False)]
     got = [o.outputs[0].token_ids for o in spec.chat(messages, params, use_tqdm=False)]
     assert got == want

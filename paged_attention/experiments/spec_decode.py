@@ -51,20 +51,22 @@ def run(llm: LLM, prompts: list[str], max_tokens: int) -> tuple[list[list[int]],
 
 
 def compare(
-    model: str, config: dict, batch_sizes: tuple[int, ...], max_tokens: int, num_kv_blocks: int = 256
+    model: str,
+    config: dict,
+    batch_sizes: tuple[int, ...],
+    max_tokens: int,
+    num_kv_blocks: int = 256,
+    dtype: str = "float32",
 ) -> list[dict]:
     """For each workload and batch size, the same requests with and without drafts: tokens/s of
-    each, their ratio, identical outputs, and the drafts' acceptance."""
+    each, their ratio, identical outputs, and the drafts' acceptance. float32 by default, where the
+    outputs must be identical: in bfloat16 the verification step's kernel (the prefill path) rounds
+    near-ties differently from plain decoding, so outputs may part ways without any error."""
+    common = {"max_model_len": 1024, "num_kv_blocks": num_kv_blocks, "dtype": dtype}
     engines = {
         batch: {
-            "plain": LLM(model, max_num_seqs=batch, num_kv_blocks=num_kv_blocks, max_model_len=1024),
-            "ngram": LLM(
-                model,
-                max_num_seqs=batch,
-                num_kv_blocks=num_kv_blocks,
-                max_model_len=1024,
-                speculative_config=config,
-            ),
+            "plain": LLM(model, max_num_seqs=batch, **common),
+            "ngram": LLM(model, max_num_seqs=batch, speculative_config=config, **common),
         }
         for batch in batch_sizes
     }

@@ -34,6 +34,9 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: 2, 1 if busy)")
+    parser.add_argument(
+        "--dtype", default="float32", help="float32 (default: outputs must be identical), bfloat16 or auto"
+    )
     parser.add_argument("--no-save", action="store_true", help="print only: write nothing to figures/")
     opts = parser.parse_args(args)
     threads = set_threads(opts.threads)
@@ -44,10 +47,10 @@ def main(args: list[str] | None = None) -> None:
         "prompt_lookup_max": opts.lookup[1],
     }
     print(
-        f"model {opts.model}, speculative_config {config}, greedy, up to {opts.max_tokens} tokens per "
-        f"request, torch threads {threads}"
+        f"model {opts.model} in {opts.dtype}, speculative_config {config}, greedy, up to {opts.max_tokens} "
+        f"tokens per request, torch threads {threads}"
     )
-    rows = spec_decode.compare(opts.model, config, tuple(opts.batch_sizes), opts.max_tokens)
+    rows = spec_decode.compare(opts.model, config, tuple(opts.batch_sizes), opts.max_tokens, dtype=opts.dtype)
     print(
         f"\n{'workload':>9} {'batch':>5} {'plain tok/s':>11} {'ngram tok/s':>11} {'speedup':>8} "
         f"{'identical':>9} {'accepted':>14} {'mean length':>11}"
@@ -67,6 +70,7 @@ def main(args: list[str] | None = None) -> None:
             "model": opts.model,
             "threads": threads,
             "max_tokens": opts.max_tokens,
+            "dtype": opts.dtype,
             **provenance(),
         }
         write_results("spec_decode", payload, viz.speculative.speedup_bars(rows))
