@@ -18,7 +18,12 @@ from paged_attention import LLM, LLMEngine, SamplingParams
 from paged_attention.engine.sampling import Sampler
 from paged_attention.models import cpu_dtype, explain_dtype, load_model, resolve_dtype
 from paged_attention.models.cpu_dtype import MARGIN, choose_cpu_dtype, float32_weight_bytes
-from paged_attention.models.packed_linear import PackedLinear, pack_linear_layers, packing_available
+from paged_attention.models.packed_linear import (
+    PackedLinear,
+    pack_linear_layers,
+    packing_available,
+    unpack_linear_layers,
+)
 
 CPU = torch.device("cpu")
 #: SmolLM2-135M's shapes, stored in bfloat16 (no weights needed to decide)
@@ -80,7 +85,7 @@ def test_the_choice_is_measured_once_and_cached_on_disk(monkeypatch, tmp_path):
 
     def measure(hidden, inter):
         calls.append((hidden, inter))
-        return {1: 0.5, 16: 0.9}  # a slow bfloat16
+        return {1: 0.5, 16: 0.6}  # a slow bfloat16
 
     monkeypatch.setattr(cpu_dtype, "measure_speedups", measure)
     assert resolve_dtype("auto", CPU, SMOLLM2_LIKE) == torch.float32
@@ -88,9 +93,9 @@ def test_the_choice_is_measured_once_and_cached_on_disk(monkeypatch, tmp_path):
     assert calls == [(576, 1536)]
     stored = json.loads((tmp_path / "cpu-dtype.json").read_text())
     (key,) = stored
-    assert "576x1536" in key and f"torch {torch.__version__}" in key and stored[key] == {"1": 0.5, "16": 0.9}
+    assert "576x1536" in key and f"torch {torch.__version__}" in key and stored[key] == {"1": 0.5, "16": 0.6}
     monkeypatch.setattr(cpu_dtype, "_chosen", {})  # a new process: read from disk, not measured again
-    assert choose_cpu_dtype(SMOLLM2_LIKE).speedups == {1: 0.5, 16: 0.9} and len(calls) == 1
+    assert choose_cpu_dtype(SMOLLM2_LIKE).speedups == {1: 0.5, 16: 0.6} and len(calls) == 1
     (tmp_path / "cpu-dtype.json").write_text("{not json")  # a damaged file is measured again
     monkeypatch.setattr(cpu_dtype, "_chosen", {})
     assert choose_cpu_dtype(SMOLLM2_LIKE).dtype == torch.float32 and len(calls) == 2
@@ -174,3 +179,75 @@ def test_the_sampler_works_in_float32_from_bfloat16_logits():
     assert out.logprobs == pytest.approx(exact.max(-1).values.tolist(), abs=1e-6)
     assert out.distributions[0].dtype == torch.float32
     torch.testing.assert_close(out.distributions[0], exact[0], atol=1e-6, rtol=0)
+
+
+def test_configs_without_a_dtype_and_float16_checkpoints():
+    nameless = LlamaConfig(
+        **{k: v for k, v in SMOLLM2_LIKE.to_dict().items() if k not in ("dtype", "torch_dtype")}
+    )
+    nameless.dtype = None
+    assert choose_cpu_dtype(nameless, measure=_never).reason == "the checkpoint names no dtype"
+    half = LlamaConfig(**{**SMOLLM2_LIKE.to_dict(), "dtype": "float16"})  # served in bfloat16 where faster
+    assert choose_cpu_dtype(half, measure=lambda h, i: {1: 2.0, 16: 3.0}).dtype == torch.bfloat16
+
+
+def test_a_close_call_is_measured_three_times_and_not_stored(monkeypatch, tmp_path):
+    monkeypatch.setenv("PAGED_ATTENTION_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_dtype, "native_bfloat16", lambda: True)
+    monkeypatch.setattr(cpu_dtype, "_chosen", {})
+    runs = iter([{1: 1.05, 16: 3.0}, {1: 1.30, 16: 3.1}, {1: 1.12, 16: 2.9}])
+    monkeypatch.setattr(cpu_dtype, "measure_speedups", lambda h, i: next(runs))
+    choice = choose_cpu_dtype(SMOLLM2_LIKE)
+    assert choice.speedups == {1: 1.12, 16: 3.0} and choice.dtype == torch.bfloat16  # the medians
+    assert not (tmp_path / "cpu-dtype.json").exists()  # the next process measures again
+
+
+def test_explain_dtype_names_what_was_asked_and_a_model_objects_own():
+    model, _ = load_model(dtype="bfloat16")
+    assert explain_dtype(model) == "bfloat16 (the model object's own)"
+    assert explain_dtype("smollm2", "float16") == "float16 (asked for)"
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        explain_dtype(None, "int8")
+
+
+@needs_packing
+def test_packing_survives_inference_tensors_new_weights_and_unpacks_for_saving():
+    import copy
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=100)  # fmt: skip
+    from transformers import AutoModelForCausalLM
+
+    with torch.inference_mode():  # weights that are inference tensors: no version counter
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    assert pack_linear_layers(model) == 2 * 7 + 1
+    ids = torch.randint(0, 100, (1, 5))
+    with torch.inference_mode():
+        packed_logits = model(ids).logits
+    layer = model.model.layers[0].self_attn.q_proj
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    with torch.inference_mode():
+        layer.weight = torch.nn.Parameter(torch.randn(64, 64).to(torch.bfloat16), requires_grad=False)
+        assert torch.equal(layer(x), F.linear(x, layer.weight))  # a new tensor: repacked
+        layer.weight.data = torch.randn(64, 64).to(torch.bfloat16)
+        assert torch.equal(layer(x), F.linear(x, layer.weight))  # new storage: repacked
+    assert unpack_linear_layers(model) == 2 * 7 + 1
+    assert all(type(m) is not PackedLinear for m in model.modules())
+    copy.deepcopy(model)  # an unpacked model copies (a packed one would refuse)
+    assert packed_logits.shape == (1, 5, 100)
+
+
+def test_the_decode_timer_refuses_a_batch_that_cannot_decode_together_and_cleans_up():
+    from paged_attention.experiments.dtypes import decode_step_seconds
+
+    engine = LLMEngine(num_kv_blocks=64, max_num_seqs=2)
+    prompts = [{"prompt_token_ids": [5, 6, 7, 8]}] * 3
+    with pytest.raises(ValueError, match="at most 2"):
+        decode_step_seconds(engine, prompts, steps=2)
+    small = LLMEngine(num_kv_blocks=6, block_size=4, max_num_seqs=4)  # 24 slots; 3 sequences need 33
+    with pytest.raises(ValueError, match="more blocks"):
+        decode_step_seconds(small, prompts, steps=4)
+    assert not small.has_unfinished_requests()  # aborted, blocks back
+    assert small.cache_manager.num_free_blocks == small.cache_manager.num_blocks
+    row = decode_step_seconds(LLMEngine(num_kv_blocks=64), prompts, steps=3)
+    assert row["batch"] == 3 and row["step_s"] > 0 and row["tokens_per_s"] == pytest.approx(3 / row["step_s"])

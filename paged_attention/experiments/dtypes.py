@@ -17,6 +17,7 @@ Three measurements, side by side:
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -70,26 +71,37 @@ def chat_prompts(tokenizer: object, count: int) -> list[dict]:
 
 def decode_step_seconds(engine: LLMEngine, prompts: Sequence[dict], steps: int, warmup: int = 2) -> dict:
     """Median seconds of a step while every one of ``prompts`` decodes (prefills done, ``warmup``
-    steps skipped), over ``steps`` steps; the requests are aborted afterwards."""
-    params = SamplingParams(temperature=0.0, max_tokens=warmup + steps + 64, ignore_eos=True,
+    steps skipped), over ``steps`` steps; the requests are aborted afterwards, whatever happens.
+    Raises ``ValueError`` when the batch cannot decode together (more prompts than
+    ``max_num_seqs``, or a cache too small to hold them all)."""
+    batch = len(prompts)
+    if batch > engine.scheduler.max_num_seqs:
+        raise ValueError(f"{batch} prompts, but the engine runs at most {engine.scheduler.max_num_seqs}")
+    params = SamplingParams(temperature=0.0, max_tokens=warmup + steps + 4, ignore_eos=True,
                             output_kind=RequestOutputKind.FINAL_ONLY)  # fmt: skip
     ids = [engine.add_request(f"decode-{i}", p, params) for i, p in enumerate(prompts)]
-    batch = len(prompts)
-    while True:  # until a step schedules one token per sequence: every prefill is done
-        engine.step()
-        if engine.last_step.num_scheduled_tokens == engine.last_step.num_scheduled_seqs == batch:
-            break
-    for _ in range(warmup):
-        engine.step()
     times, forward = [], []
-    for _ in range(steps):
-        start = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - start)
-        forward.append(engine.last_step.forward_seconds)
-        if engine.last_step.num_scheduled_seqs != batch:
-            raise RuntimeError(f"the batch changed while timing ({engine.last_step.num_scheduled_seqs})")
-    engine.abort_request(ids)
+    try:
+        for _ in range(sum(len(p["prompt_token_ids"]) for p in prompts) + 1):  # every step prefills some
+            engine.step()
+            last = engine.last_step
+            if last.num_scheduled_tokens == last.num_scheduled_seqs == batch:  # every prefill done
+                break
+        else:
+            raise ValueError(f"the {batch} sequences never decoded together: give the cache more blocks")
+        for step in range(warmup + steps):
+            start = time.perf_counter()
+            engine.step()
+            seconds = time.perf_counter() - start
+            if engine.last_step.num_scheduled_seqs != batch or engine.last_step.num_preempted:
+                raise ValueError("the batch changed while timing: give the cache more blocks")
+            if step >= warmup:
+                times.append(seconds)
+                forward.append(engine.last_step.forward_seconds)
+    finally:
+        for request_id in ids:
+            with contextlib.suppress(ValueError):  # one that already finished
+                engine.abort_request(request_id)
     step = statistics.median(times)
     forward_s = statistics.median(forward)
     return {"batch": batch, "step_s": step, "forward_s": forward_s, "tokens_per_s": batch / step}
@@ -127,15 +139,21 @@ def compare(
     progress: Callable[[str], None] = print,
 ) -> dict:
     """Decode speed, weight-read bound and greedy agreement for each of ``dtypes`` (the first is the
-    reference for agreement); see the module docstring. One engine per dtype, then freed."""
+    reference for agreement; two names of one dtype are refused); see the module docstring. One
+    engine per dtype, then freed."""
     bandwidth = memory_bandwidth()
     rows, answers, sizes = [], {}, {}
     for name in dtypes:
         hf_model, tokenizer = load_model(model, dtype=name)
         dtype = str(next(hf_model.parameters()).dtype).removeprefix("torch.")
+        if dtype in sizes:
+            raise ValueError(f"dtypes {list(dtypes)} name {dtype} twice ({name!r} resolves to it)")
         sizes[dtype] = weight_bytes(hf_model)
-        blocks = max(batch_sizes) * (64 + steps + 80) // 16 + 16
-        engine = LLMEngine(hf_model, tokenizer, num_kv_blocks=blocks, max_num_seqs=max(batch_sizes),
+        longest = max(len(p["prompt_token_ids"]) for p in chat_prompts(tokenizer, len(QUESTIONS)))
+        per_sequence = longest + steps + 2 + max(max_tokens, 64)  # prompt, timed steps, room to spare
+        seats = max(*batch_sizes, num_prompts)
+        blocks = seats * -(-per_sequence // 16) + 16
+        engine = LLMEngine(hf_model, tokenizer, num_kv_blocks=blocks, block_size=16, max_num_seqs=seats,
                            enable_prefix_caching=False)  # fmt: skip
         for batch in batch_sizes:
             row = decode_step_seconds(engine, chat_prompts(tokenizer, batch), steps)

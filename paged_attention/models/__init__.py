@@ -8,8 +8,9 @@
     cpu_dtype   what ``dtype="auto"`` picks on a CPU: bfloat16 where it is measured faster, else float32
     packed_linear  bfloat16 linear layers with weights packed once for oneDNN (the engine packs them)
 
-The engine imports only :func:`resolve_model`, :func:`eos_token_ids` and :func:`serving_length`
-from here; fetching, verifying and converting checkpoints is for ``make install`` and the commands.
+The engine imports only :func:`resolve_model`, :func:`eos_token_ids`, :func:`serving_length` and
+:func:`.packed_linear.pack_linear_layers` from here; fetching, verifying and converting
+checkpoints is for ``make install`` and the commands.
 """
 
 from .resolve import (

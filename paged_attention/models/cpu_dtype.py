@@ -5,29 +5,35 @@ A decode step reads every weight once and does little arithmetic per byte, so ha
 (bfloat16) can nearly halve the step, but only where the processor *computes* bfloat16 natively
 (x86 AVX512-BF16 or AMX, Arm's BF16 extension): elsewhere torch converts each element to float32
 and the product gets slower, not faster. So ``auto`` decides by measuring: the model's own MLP
-product (``[rows, hidden] @ [hidden, intermediate]``, over enough distinct weights to leave the
-caches) at 1 and 16 rows, float32 against bfloat16 as the engine runs it (packed,
-:mod:`.packed_linear`), at the current torch thread count. bfloat16 is chosen when it is at least
-:data:`MARGIN` times faster at every row count probed. Two cases stay float32 without measuring:
-a checkpoint stored in float32 (its weights would lose precision the checkpoint holds: bfloat16
-keeps 8 bits of mantissa; SmolLM2's checkpoint is bfloat16 to begin with, so it loses nothing), and
-a model whose float32 weights fit in :data:`SMALL_MODEL_BYTES` (its weights stay in the caches, so
-halving their bytes saves little, while exact comparisons in float32 stay easy: the embedded tiny
-model, 10 MB, is one).
+product (``[rows, hidden] @ [hidden, intermediate]``, over several distinct weights,
+:data:`PROBE_BYTES` in all) at 1 and 16 rows, float32 against bfloat16 as the engine runs it
+(packed, :mod:`.packed_linear`), at the current torch thread count. bfloat16 is chosen when that
+product is at least :data:`MARGIN` times faster at every row count probed: a probe of the
+product that dominates a decode step, not of the whole step (``bench engine --dtype float32
+bfloat16`` measures whole steps). A result near the margin is measured twice more and the median
+taken. Two cases stay float32 without measuring: a checkpoint stored in float32 (its weights would
+lose precision the checkpoint holds: bfloat16 keeps 8 bits of mantissa; SmolLM2's checkpoint is
+bfloat16 to begin with, so it loses nothing), and a model whose float32 weights fit in
+:data:`SMALL_MODEL_BYTES` (halving so few bytes saves little, while exact comparisons in float32
+stay easy: the embedded tiny model, 10 MB, is one). A float16 checkpoint is served in bfloat16 as
+well where that is faster (3 fewer mantissa bits, a wider range; a CPU rarely computes float16
+natively), as vLLM's CPU backend does.
 
 The decision is cached, in this process and on disk (``cpu-dtype.json`` in the package's cache
-folder), under this processor's name and flags, torch's version, the thread count, the shapes and
-``ONEDNN_MAX_CPU_ISA`` (which caps the instructions oneDNN may use, e.g. ``AVX2`` forces a slow,
-emulated bfloat16): the same machine makes the same choice every run. vLLM's CPU backend, by
-contrast, serves bfloat16 whenever ``auto`` meets a half-precision checkpoint.
+folder; delete it to measure again), under this processor's name and flags, torch's version, the
+thread count, the shapes, the probe's version and ``ONEDNN_MAX_CPU_ISA`` (which caps the
+instructions oneDNN may use, e.g. ``AVX2`` forces a slow, emulated bfloat16): the same machine makes
+the same choice every run. A close call is not stored: the next process measures it again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import platform
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +47,8 @@ from .packed_linear import pack_weight, packed_product, packing_available
 
 MARGIN = 1.1  #: bfloat16 must be this many times faster than float32 at every probed row count
 PROBE_ROWS = (1, 16)  #: one sequence decoding, and a typical continuous batch
-PROBE_BYTES = 32 << 20  #: float32 weight bytes the probe streams through (beyond the caches)
+PROBE_BYTES = 32 << 20  #: float32 weight bytes the probe multiplies by, over several weights
+PROBE_VERSION = 1  #: part of the cache key: a change to the probe measures again
 SMALL_MODEL_BYTES = 64 << 20  #: float32 weights up to this size stay float32 under ``auto``
 Measure = Callable[[int, int], dict[int, float]]
 
@@ -73,7 +80,9 @@ def choose_cpu_dtype(config: object, measure: Measure | None = None) -> CpuDtype
 
     ``measure(hidden, intermediate)`` returns ``{rows: float32 seconds / bfloat16 seconds}``; by
     default :func:`measure_speedups`, cached. A test passes its own to force a slow bfloat16."""
-    stored = _stored_dtype(config)
+    stored = stored_dtype(config)
+    if stored is None:
+        return CpuDtypeChoice(torch.float32, "the checkpoint names no dtype")
     if stored not in (torch.bfloat16, torch.float16):
         name = str(stored).removeprefix("torch.")
         return CpuDtypeChoice(torch.float32, f"the checkpoint is stored in {name}")
@@ -90,9 +99,21 @@ def choose_cpu_dtype(config: object, measure: Measure | None = None) -> CpuDtype
         speedups = _load(key)
         if speedups is None:
             speedups = measure_speedups(hidden, intermediate)
-            _store(key, speedups)
+            if _close(speedups):  # near the margin: the median of three measurements decides
+                runs = [
+                    speedups,
+                    measure_speedups(hidden, intermediate),
+                    measure_speedups(hidden, intermediate),
+                ]
+                speedups = {r: sorted(run[r] for run in runs)[1] for r in speedups}
+            if not _close(speedups):
+                _store(key, speedups)
         _chosen[key] = _decide(speedups)
     return _chosen[key]
+
+
+def _close(speedups: dict[int, float]) -> bool:
+    return any(MARGIN / 1.25 <= s <= MARGIN * 1.25 for s in speedups.values())
 
 
 def _decide(speedups: dict[int, float]) -> CpuDtypeChoice:
@@ -137,9 +158,12 @@ def _best_of(repeats: int, run: Callable[[], object]) -> float:
     return min(times)
 
 
-def _stored_dtype(config: object) -> torch.dtype | None:
+def stored_dtype(config: object) -> torch.dtype | None:
+    """The dtype a model's config says its checkpoint is stored in (``dtype``, or the older
+    ``torch_dtype``), or ``None``."""
     text = getattr(config, "get_text_config", lambda: config)()
-    stored = getattr(text, "dtype", None) or getattr(text, "torch_dtype", None)
+    fields = text.to_dict() if hasattr(text, "to_dict") else vars(text)
+    stored = fields.get("dtype") or fields.get("torch_dtype")
     if isinstance(stored, str):
         stored = getattr(torch, stored.removeprefix("torch."), None)
     return stored if isinstance(stored, torch.dtype) else None
@@ -165,15 +189,19 @@ def _shapes(config: object) -> tuple[int, int]:
 
 
 def _key(hidden: int, intermediate: int) -> str:
-    cpu = platform.processor() or platform.machine()
+    cpu = f"{platform.machine()} {platform.processor()}"
     try:
         with open("/proc/cpuinfo") as info:
             lines = [ln for ln in info if ln.startswith(("model name", "flags", "Features"))][:2]
-        cpu = hashlib.sha256("".join(lines).encode()).hexdigest()[:16]
+        cpu += "".join(lines)
     except OSError:
         pass
+    digest = hashlib.sha256(cpu.encode()).hexdigest()[:16]
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
-    return f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads|{hidden}x{intermediate}|{isa}"
+    return (
+        f"{digest}|torch {torch.__version__}|{torch.get_num_threads()} threads|{hidden}x{intermediate}"
+        f"|probe {PROBE_VERSION}|{isa}"
+    )
 
 
 def _cache_file() -> Path:
@@ -182,16 +210,18 @@ def _cache_file() -> Path:
 
 def _load(key: str) -> dict[int, float] | None:
     try:
-        entry = json.loads(Path(_cache_file()).read_text()).get(key)
+        entry = json.loads(_cache_file().read_text()).get(key)
         return {int(r): float(s) for r, s in entry.items()} if entry else None
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, TypeError):  # missing, damaged or foreign: measure
         return None
 
 
 def _store(key: str, speedups: dict[int, float]) -> None:
+    """Add ``key`` to the cache file (written whole to a temporary file, then renamed into place;
+    two processes writing at once may lose one's entry, which is then measured again)."""
     path = _cache_file()
     try:
-        known = json.loads(Path(path).read_text())
+        known = json.loads(path.read_text())
     except (OSError, ValueError):
         known = {}
     if not isinstance(known, dict):
@@ -199,9 +229,9 @@ def _store(key: str, speedups: dict[int, float]) -> None:
     known[key] = speedups
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as out:
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".cpu-dtype-", delete=False) as out:
             json.dump(known, out, indent=1)
-        os.replace(tmp, path)
+        os.replace(out.name, path)
     except OSError:  # a read-only cache folder: the choice is still cached in this process
-        pass
+        with contextlib.suppress(OSError, UnboundLocalError):
+            os.unlink(out.name)

@@ -6,16 +6,20 @@ of the whole weight before the product even starts. A decode step reads every we
 once, so that reorder nearly doubles its memory traffic. :class:`PackedLinear` reorders once, when
 the engine takes the model, and multiplies with the packed copy (torch's
 ``mkldnn._reorder_linear_weight`` and ``mkldnn._linear_pointwise``, the pair torch's own compiler
-uses on CPUs; vLLM's CPU backend keeps prepacked oneDNN weights the same way). The result is
-bit-identical to ``F.linear`` (same kernel, same order of sums; checked when packing), and on a
-2-core Xeon with AMX the 211 linear layers of SmolLM2-135M take ~30 ms instead of ~43 ms at 16 rows.
+uses on CPUs; vLLM's CPU backend keeps prepacked oneDNN weights the same way). For contiguous
+inputs the result is bit-identical to ``F.linear`` (same kernel, same order of sums; checked when
+packing), and on a 2-core Xeon with AMX the 211 linear layers of SmolLM2-135M take ~30 ms instead
+of ~43 ms at 16 rows.
 
 Invariants: the module keeps the original ``weight`` parameter (tied weights stay tied, the state
 dict is unchanged) beside the packed copy, so packing costs one more copy of the weights in memory;
-a weight changed in place afterwards is noticed (its version counter moves) and repacked; with
+a weight changed afterwards is noticed (another tensor, other storage, or its version counter
+moved) and repacked, except an inference tensor changed in place (it has no version counter); with
 autograd on, or on anything but a bfloat16 CPU tensor, the layer is an ordinary ``F.linear``.
 float32 is never packed: MKL's float32 product is as fast unpacked at one row and the packed one
-rounds differently, which would break token-for-token agreement with transformers.
+rounds differently, which would break token-for-token agreement with transformers. The packed
+copy is an opaque oneDNN tensor, which ``copy.deepcopy`` and ``torch.save`` refuse: the engine packs
+the model it is given in place, so call :func:`unpack_linear_layers` before saving or copying it.
 """
 
 from __future__ import annotations
@@ -60,16 +64,32 @@ class PackedLinear(torch.nn.Linear):
         self.bias = linear.bias
         self._repack()
 
+    def _state(self) -> tuple[int, int, int | None]:
+        """What identifies the weight's values: the tensor, its storage, its version (if tracked)."""
+        weight = self.weight
+        return id(weight), weight.data_ptr(), None if weight.is_inference() else weight._version
+
     def _repack(self) -> None:
         self.packed = pack_weight(self.weight)
-        self.packed_version = self.weight._version
+        self.packed_state = self._state()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or x.dtype != torch.bfloat16 or x.device.type != "cpu":
-            return F.linear(x, self.weight, self.bias)
-        if self.weight._version != self.packed_version:
+        weight = self.weight
+        if torch.is_grad_enabled() or x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
+            return F.linear(x, weight, self.bias)
+        if x.device.type != "cpu" or weight.device.type != "cpu":
+            return F.linear(x, weight, self.bias)
+        if self._state() != self.packed_state:
             self._repack()
         return packed_product(x, self.packed, self.bias)
+
+    def unpacked(self) -> torch.nn.Linear:
+        """An ordinary ``nn.Linear`` holding the same parameters."""
+        linear = torch.nn.Linear(
+            self.in_features, self.out_features, bias=self.bias is not None, device="meta"
+        )
+        linear.weight, linear.bias = self.weight, self.bias
+        return linear
 
 
 def pack_linear_layers(model: torch.nn.Module) -> int:
@@ -90,6 +110,20 @@ def pack_linear_layers(model: torch.nn.Module) -> int:
         return 0
     for parent, name, child in targets:
         setattr(parent, name, PackedLinear(child))
+    return len(targets)
+
+
+def unpack_linear_layers(model: torch.nn.Module) -> int:
+    """Undo :func:`pack_linear_layers`: every :class:`PackedLinear` back to an ``nn.Linear`` with
+    the same parameters (so the model can be copied or saved). Returns how many were unpacked."""
+    targets = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, PackedLinear)
+    ]
+    for parent, name, child in targets:
+        setattr(parent, name, child.unpacked())
     return len(targets)
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # transformers is imported lazily: `import paged_attention` s
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .._checks import DTYPE_NAMES
-from .cpu_dtype import choose_cpu_dtype
+from .cpu_dtype import choose_cpu_dtype, stored_dtype
 from .embedded import DEFAULT_MODEL_NAME, default_model_path, quiet_progress
 from .pretrained import SMOLLM2, CheckpointError, find_pretrained, pretrained_path
 
@@ -39,9 +39,7 @@ def resolve_dtype(
     if dtype is None or (isinstance(dtype, str) and dtype.lower() == "auto"):
         if device.type == "cpu":
             return torch.float32 if config is None else choose_cpu_dtype(config).dtype
-        stored = getattr(config, "dtype", None) if config is not None else None
-        if isinstance(stored, str):
-            stored = DTYPE_NAMES.get(stored)
+        stored = stored_dtype(config) if config is not None else None
         return stored if stored in (torch.float16, torch.bfloat16) else torch.float32
     if isinstance(dtype, str):
         if dtype.lower() in DTYPE_NAMES:
@@ -56,22 +54,27 @@ def resolve_dtype(
 
 
 def explain_dtype(
-    model: str | os.PathLike | None = None,
+    model: str | os.PathLike | PreTrainedModel | None = None,
     dtype: str | torch.dtype | None = None,
     device: str | torch.device = "cpu",
 ) -> str:
     """The dtype ``model`` is served in with this ``dtype`` on ``device``, and why, in words: the
     model-load line the commands print, e.g. ``"bfloat16 (auto: its bfloat16 matmul is faster
-    here: ...)"`` or ``"float32 (asked for)"``."""
-    from transformers import AutoConfig
+    here: ...)"`` or ``"float32 (asked for)"``. A model object is served in its own dtype unless
+    one is asked for."""
+    from transformers import AutoConfig, PreTrainedModel
 
     dev = _resolve_device(device)
     resolved = str(resolve_dtype(dtype, dev)).removeprefix("torch.")  # validates dtype first
     if dtype is not None and not (isinstance(dtype, str) and dtype.lower() == "auto"):
         return f"{resolved} (asked for)"
+    if isinstance(model, PreTrainedModel):
+        return f"{str(next(model.parameters()).dtype).removeprefix('torch.')} (the model object's own)"
     config = AutoConfig.from_pretrained(_locate(model), local_files_only=True)
     if dev.type != "cpu":
-        return f"{str(resolve_dtype(dtype, dev, config)).removeprefix('torch.')} (auto: the checkpoint's)"
+        chosen = str(resolve_dtype(dtype, dev, config)).removeprefix("torch.")
+        stored = str(stored_dtype(config)).removeprefix("torch.")
+        return f"{chosen} (auto on a GPU: the checkpoint's {stored}, float32 unless half precision)"
     choice = choose_cpu_dtype(config)
     return f"{str(choice.dtype).removeprefix('torch.')} (auto: {choice.reason})"
 
