@@ -3,15 +3,16 @@
 Two experiments, on this machine; ``python -m paged_attention bench sharing`` runs both and notebook
 08 runs them small:
 
-* **Memory saved by sharing** (Figure 15's workload, :func:`run_memory`). Requests of the
+* **Memory saved by sharing** (§6.3's workload, :func:`run_memory`). Requests of the
   ShareGPT-like and Alpaca-like traces (:mod:`paged_attention.experiments.traces`, lengths capped at
   the model's 1024 positions) are served with parallel sampling (``n`` = 2, 4, 6) and with beam
   search (width 2, 4, 6), every output as long as the trace says (EOS ignored). After every step the
   memory report says how many blocks the page tables hold and how many more they would hold
   unshared; the saving is ``saved / (used + saved)`` summed over the run, a time average weighted by
-  memory. The paper's ranges (OPT-13B, §6.3) are :data:`~paged_attention.experiments.paper.FIG15_ALPACA`
-  and :data:`~paged_attention.experiments.paper.FIG15_SHAREGPT`, one per trace; our model is tiny and
-  random and our traces synthetic, so only the shape is comparable.
+  memory. The paper's ranges (OPT-13B, §6.3) are
+  :data:`~paged_attention.experiments.paper.FIG15_ALPACA` (Figure 15) and
+  :data:`~paged_attention.experiments.paper.SEC63_SHAREGPT` (§6.3's text), one per trace; our model
+  is tiny and random and our traces synthetic, so only the shape is comparable.
 * **A shared few-shot prefix** (Figure 16's workload, :func:`run_prefix`). Prompts start with the
   same 80- or 341-token prefix (the paper's 1-shot and 5-shot lengths) followed by a sentence of
   their own, under a KV budget that holds ``budget_requests`` of them unshared. With prefix caching
@@ -48,7 +49,7 @@ TRACES = ("alpaca", "sharegpt")
 WIDTHS = (2, 4, 6)
 PREFIXES = dict(paper.FIG16_PREFIX_TOKENS)  # the paper's 1-shot and 5-shot prefix lengths (§6.4)
 BLOCK_SIZE = 16
-PAPER_FIG15 = {"alpaca": paper.FIG15_ALPACA, "sharegpt": paper.FIG15_SHAREGPT}  # §6.3, per trace
+PAPER_FIG15 = {"alpaca": paper.FIG15_ALPACA, "sharegpt": paper.SEC63_SHAREGPT}  # §6.3, per trace
 
 
 def trace_lengths(trace: str, num_requests: int, max_len: int, seed: int = 0) -> list[tuple[int, int]]:

@@ -14,7 +14,7 @@ The PagedAttention paper (Kwon et al., 2023, Figure 2) sorts KV-cache memory int
 :func:`paged_memory_report` measures a paged cache from its page tables. Shared blocks are counted
 once: two sequences forked from one prompt hold those prompt tokens in one place. How much sharing
 saves is reported beside the categories: ``saved_blocks`` is how many more blocks the same page
-tables would need if every owner had its own copy (the PagedAttention paper's Figure 15 measure).
+tables would need if every owner had its own copy (the PagedAttention paper's §6.3 measure).
 :func:`max_reservation_breakdown` measures the contiguous reserve-the-maximum way, per request.
 """
 

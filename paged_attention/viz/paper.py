@@ -14,9 +14,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from ..experiments.paper import FIG2_CATEGORIES, FIG2_PAGED_UNSPLIT, LABELS, MANAGERS
-from .style import FIG2_COLORS, SEQUENCE_COLORS
+from .style import FIG2_COLORS, SEQUENCE_COLORS, manager_color
 
 UNSPLIT_COLOR = "#a0aec0"  # a share the paper reports without splitting it into categories
+FREE_COLOR = "#fbe3c4"  # free memory, drawn apart from external fragmentation (a paler FIG2_COLORS[3])
 
 
 def memory_breakdown(
@@ -26,6 +27,7 @@ def memory_breakdown(
     title: str = "",
     unsplit: dict[str, float] | None = None,
     notes: dict[str, str] | None = None,
+    free: dict[str, float] | None = None,
 ) -> Figure:
     """The PagedAttention paper's Figure 2: where KV memory goes, one stacked bar per system.
 
@@ -35,7 +37,9 @@ def memory_breakdown(
     (solid) and the paper's (hatched). ``unsplit`` maps a label to the share of the paper's bar that
     the paper gives as one number without splitting it into categories (vLLM's 3.7%): that bar is
     drawn as its token states and one grey segment of that size. ``notes`` adds a line under a
-    label (for instance how much of the run the system was memory-bound).
+    label (for instance how much of the run the system was memory-bound). ``free`` maps a label to
+    the part of *our* fourth segment that is free memory (percent): it is drawn apart, pale, so that a
+    cache with room to spare does not read as fragmented.
     """
     names = list(ours)
     unsplit = unsplit or {}
@@ -49,6 +53,9 @@ def memory_breakdown(
             segments = list(zip(values, FIG2_COLORS, strict=True))
             if rest_unsplit:
                 segments = [segments[0], (unsplit[name], UNSPLIT_COLOR)]
+            elif who == "ours" and free and name in free:
+                spare = min(free[name], segments[-1][0])
+                segments[-1:] = [(segments[-1][0] - spare, segments[-1][1]), (spare, FREE_COLOR)]
             bottom = 0.0
             for value, color in segments:
                 ax.bar(x, value, width, bottom=bottom, color=color, hatch=hatch, edgecolor="white", lw=0.5)
@@ -62,6 +69,8 @@ def memory_breakdown(
     ax.set_ylim(0, 108)
     ax.set_ylabel("share of KV-cache memory (%)")
     handles = [Patch(facecolor=c, label=label) for c, label in zip(FIG2_COLORS, categories, strict=True)]
+    if free:
+        handles.append(Patch(facecolor=FREE_COLOR, label="free (ours; in the paper's fourth)"))
     if paper and any(n in unsplit for n in names):
         label = "not split by the paper"
         handles.append(Patch(facecolor=UNSPLIT_COLOR, hatch="//", edgecolor="white", label=label))
@@ -89,12 +98,12 @@ def batched_requests(
     width = 0.38 if paper else 0.6
     for i, name in enumerate(names):
         x = i - width / 2 if paper else i
-        ax.bar(x, ours[name], width, color=SEQUENCE_COLORS[i % 10], label="ours" if i == 0 else None)
+        ax.bar(x, ours[name], width, color=manager_color(name), label="ours" if i == 0 else None)
         ax.text(x, ours[name], f"{ours[name]:.1f}", ha="center", va="bottom", fontsize=7)
         if peaks:
             ax.plot([x - width / 2.5, x + width / 2.5], [peaks[name]] * 2, color="#2d3748", lw=1)
         if paper and name in paper:
-            ax.bar(i + width / 2, paper[name], width, color=SEQUENCE_COLORS[i % 10], alpha=0.45, hatch="//",
+            ax.bar(i + width / 2, paper[name], width, color=manager_color(name), alpha=0.45, hatch="//",
                    edgecolor="white", label="paper" if i == 0 else None)  # fmt: skip
             ax.text(i + width / 2, paper[name], f"{paper[name]:.1f}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(names)), names, fontsize=8)
@@ -106,8 +115,8 @@ def batched_requests(
     ax.set_title(title or "How many requests run at once", fontsize=10)
     if panels == 2:
         ax2 = axes[0, 1]
-        for i, (name, values) in enumerate(by_budget.items()):  # type: ignore[union-attr]
-            ax2.plot(budgets, values, "o-", color=SEQUENCE_COLORS[i % 10], label=name, ms=4)
+        for name, values in by_budget.items():  # type: ignore[union-attr]
+            ax2.plot(budgets, values, "o-", color=manager_color(name), label=name, ms=4)
         ax2.set_xlabel("KV-cache budget (GiB)")
         ax2.set_ylabel("batched requests (saturated)")
         ax2.legend(fontsize=8, frameon=False)
@@ -125,8 +134,8 @@ def latency_vs_rate(
 ) -> Figure:
     """The paper's Figure 12: normalized latency (s per output token) against request rate."""
     fig, ax = plt.subplots(figsize=(6, 3.8))
-    for i, (name, values) in enumerate(latencies.items()):
-        ax.plot(rates, values, "o-", ms=3.5, color=SEQUENCE_COLORS[i % 10], label=name)
+    for name, values in latencies.items():
+        ax.plot(rates, values, "o-", ms=3.5, color=manager_color(name), label=name)
     if threshold is not None:
         ax.axhline(threshold, color="#718096", ls=":", lw=1, label=f"{threshold} s/token")
     ax.set_xlabel("request rate (requests/s)")
@@ -169,13 +178,13 @@ def throughput_comparison(
     fig, (ax_b, ax_t) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [1, 1.6]})
     names = list(tokens_per_s)
     for i, name in enumerate(names):
-        ax_b.bar(i, tokens_per_s[name], color=SEQUENCE_COLORS[i % 10])
+        ax_b.bar(i, tokens_per_s[name], color=manager_color(name))
         ax_b.text(i, tokens_per_s[name], f"{tokens_per_s[name]:.0f}", ha="center", va="bottom", fontsize=8)
     ax_b.set_xticks(range(len(names)), names, fontsize=8, rotation=15)
     ax_b.set_ylabel("output tokens/s")
     ax_b.spines[["top", "right"]].set_visible(False)
     for name, (times, batch) in batch_over_time.items():
-        ax_t.step(times, batch, where="post", color=SEQUENCE_COLORS[names.index(name) % 10], lw=1, label=name)
+        ax_t.step(times, batch, where="post", color=manager_color(name), lw=1, label=name)
     ax_t.set_xlabel("seconds")
     ax_t.set_ylabel("running sequences")
     ax_t.legend(fontsize=8, frameon=False)
@@ -200,8 +209,8 @@ def batch_sweep(
     fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps), 3.6), squeeze=False)
     for ax, (xlabel, (ticks, batch, bound)) in zip(axes[0], sweeps.items(), strict=True):
         xs = list(range(len(ticks)))
-        for i, (name, ys) in enumerate(batch.items()):
-            color = SEQUENCE_COLORS[i % 10]
+        for name, ys in batch.items():
+            color = manager_color(name)
             ax.plot(xs, ys, "-", color=color, lw=1, label=name)
             for x, y, share in zip(xs, ys, bound[name], strict=True):
                 ax.plot(x, y, "o", ms=5, color=color, mfc=color if share >= bound_at else "white")

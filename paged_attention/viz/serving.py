@@ -10,8 +10,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from ..experiments.paper import LABELS
-
-MANAGER_COLORS = {"paged": "#2b6cb0", "oracle": "#38a169", "pow2": "#d69e2e", "max": "#e53e3e"}
+from .style import MANAGER_COLORS
 
 
 def serve_sweep_figure(payload: dict, title: str | None = None) -> Figure:

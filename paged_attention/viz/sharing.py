@@ -1,5 +1,5 @@
 """Figures of block sharing: the prefix-cache tree, memory saved by parallel sampling and beam
-search (the paper's Figure 15), prefix-caching speedup, and blocks held over time; and the results
+search (the paper's §6.3 and Figure 15), prefix-caching speedup, and blocks held over time; and the results
 of :mod:`paged_attention.experiments.sharing` as figures and tables.
 
 Drawn for notebook 08 (sharing) and ``bench sharing``.
@@ -110,7 +110,8 @@ def sharing_savings(
     paper: dict[str, dict[str, tuple[float, float]]] | None = None,
     title: str = "",
 ) -> Figure:
-    """The paper's Figure 15: KV memory saved by sharing, per trace, for parallel sampling (``n``)
+    """The paper's §6.3: KV memory saved by sharing (Figure 15 plots Alpaca; §6.3's text gives
+    ShareGPT), per trace, for parallel sampling (``n``)
     and beam search (width), in percent. ``savings[trace][mode]`` holds one fraction per width;
     ``paper[trace][mode]`` the range (percent) the paper reports for that trace, drawn as a band in
     the trace's colour (a trace named ``"X-like"`` is labelled by the paper's ``"X"``)."""
@@ -143,7 +144,9 @@ def sharing_savings(
     axes[0].set_ylim(0, 1.45 * top if top else 1.0)
     axes[0].set_ylabel("KV memory saved by sharing (%)")
     fig.suptitle(
-        title or "Memory saved by sharing blocks: ours, and the paper's ranges (Figure 15)", fontsize=10
+        title
+        or "Memory saved by sharing blocks: ours, and the paper's (§6.3: Figure 15 Alpaca, text ShareGPT)",
+        fontsize=10,
     )
     fig.tight_layout()
     return fig

@@ -23,6 +23,27 @@ COLORS = {
     "weights": "#4a5568",
 }
 SEQUENCE_COLORS = plt.get_cmap("tab10").colors
+#: one colour per memory manager, the same in every figure (paged blue, Oracle green, Pow2 ochre,
+#: Max red, static batching grey)
+MANAGER_COLORS = {
+    "paged": "#2b6cb0",
+    "oracle": "#38a169",
+    "pow2": "#d69e2e",
+    "max": "#e53e3e",
+    "static": "#718096",
+}
+
+
+def manager_color(name: str) -> str:
+    """The colour of a manager named by its key (``"pow2"``) or a label that contains it
+    (``"Orca (Pow2)"``, ``"vLLM (paged)"``, ``"Orca (Oracle)\nfirst-fit"``, ``"static batching"``)."""
+    lowered = name.lower()
+    for key in ("oracle", "pow2", "static", "max", "paged"):  # "static batching (Max, ...)" is static
+        if key in lowered:
+            return MANAGER_COLORS[key]
+    return "#4a5568"
+
+
 FIG2_COLORS = ("#2b6cb0", "#90cdf4", "#e53e3e", "#f6ad55")  # tokens, reserved, internal, external + free
 ARENA_COLORS = {"tokens": FIG2_COLORS[0], "reserved": FIG2_COLORS[1], "internal": FIG2_COLORS[2],
                 "rounding": FIG2_COLORS[3]}  # fmt: skip

@@ -45,7 +45,10 @@ def main(args: list[str] | None = None) -> None:
         )
         print(f"KV memory saved by sharing ({opts.requests} requests per trace, time average):")
         print(figures.memory_report_text(memory))
-        print("paper: §6.3, Figure 15 (OPT-13B, real traces); ours: a tiny random model, synthetic traces\n")
+        print(
+            "paper: §6.3 (OPT-13B, real traces; Figure 15 plots Alpaca, the text gives ShareGPT); "
+            "ours: a tiny random model, synthetic traces\n"
+        )
         write_results("sharing_memory", memory, figures.memory_figure(memory), opts.out)
     if "prefix" not in opts.skip:
         prefix = sharing.run_prefix(
