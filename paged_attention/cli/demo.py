@@ -31,9 +31,11 @@ from ..baselines.engines import baseline_engine
 from ..engine.chat import render_chat
 from ..engine.sampling import RequestOutputKind, SamplingParams
 from ..experiments.prompts import QUESTIONS
+from ..experiments.provenance import provenance
 from ..models import explain_dtype, load_model
 from ..models.pretrained import SMOLLM2, find_pretrained
 from ._threads import set_threads
+from .bench._results import write_results
 
 
 def _serve(engine, prompts: list[dict], params: SamplingParams, label: str) -> dict:
@@ -80,6 +82,7 @@ def run_demo(
     model: str = SMOLLM2.name,
     show: int = 3,
     dtype: str = "auto",
+    save: bool = False,
 ) -> dict:
     """Run the comparison (see the module docstring) and print it; returns both runs' numbers."""
     if not 1 <= num_requests <= len(QUESTIONS):
@@ -141,4 +144,21 @@ def run_demo(
         "\nNext: `python -m paged_attention chat` to talk to it; `demo --model tiny` for the "
         "embedded model; `walkthrough` for the page tables step by step."
     )
-    return {"contiguous": contiguous, "paged": paged, "identical": same, "threads": threads}
+    result = {"contiguous": contiguous, "paged": paged, "identical": same, "threads": threads}
+    if save:
+        numbers = [key for _, key, _ in rows] + ["output_tokens", "all_free"]
+        payload = {
+            "model": model, "dtype": explain_dtype(model, dtype), "threads": threads,
+            "num_requests": num_requests, "max_tokens": max_tokens, "num_kv_blocks": num_kv_blocks,
+            "block_size": block_size, "max_model_len": max_model_len, "load_seconds": loaded,
+            "prompt_tokens": [min(len(p["prompt_token_ids"]) for p in prompts),
+                              max(len(p["prompt_token_ids"]) for p in prompts)],
+            "runs": {label: {k: run[k] for k in numbers} for label, run in runs.items()},
+            "identical": same, "speedup": speedup,
+            "answers": [{"question": QUESTIONS[i], "text": paged["outputs"][i].outputs[0].text.strip(),
+                         "finish_reason": paged["outputs"][i].outputs[0].finish_reason}
+                        for i in range(min(show, num_requests))],
+            **provenance(),
+        }  # fmt: skip
+        write_results("demo", payload, None)
+    return result

@@ -29,13 +29,20 @@ def notebook_paths() -> list[Path]:
 # measured ones (wall-clock timings) run alone afterwards, once each rather than best of N, to keep
 # `make figures` within its time budget.
 REPLAYED = ("latency", "capacity", "fragmentation", "block-size")  # longest first
+#: what each measured run writes -> its command line after ``python -m paged_attention``
 MEASURED = {
-    "throughput": ["--repeats", "1"],
-    "sharing": ["--repeats", "1"],
-    "serve-sweep": [],  # Figure 12 through the real server and SmolLM2 (several minutes)
-    "serve": ["--compare-offline"],  # the server's overhead over the engine
-    "spec-decode": [],  # speculative decoding with and without drafts, SmolLM2 (several minutes)
-    "engine": ["--model", "smollm2", "--dtype", "float32", "bfloat16", "--threads", "1"],  # ~35 s
+    "throughput": ["bench", "throughput", "--repeats", "1"],
+    "sharing": ["bench", "sharing", "--repeats", "1"],
+    "allocator": ["bench", "allocator"],
+    "engine": ["bench", "engine", "--threads", "1"],  # the embedded model against transformers
+    "engine_smollm2": [
+        *("bench", "engine", "--model", "smollm2", "--requests", "16", "--dtype", "float32", "--threads", "1")
+    ],
+    "dtypes": ["bench", "engine", "--model", "smollm2", "--dtype", "float32", "bfloat16", "--threads", "1"],
+    "demo": ["demo", "--save", "--threads", "1"],
+    "serve_sweep": ["bench", "serve-sweep"],  # Figure 12 through the real server and SmolLM2 (minutes)
+    "serve_overhead": ["bench", "serve", "--compare-offline"],  # the server's overhead over the engine
+    "spec_decode": ["bench", "spec-decode"],  # with and without n-gram drafts, SmolLM2 (minutes)
 }
 EXPERIMENTS = (*REPLAYED, *MEASURED)
 
@@ -79,13 +86,15 @@ def run_experiments(parallel: int = 2) -> None:
 
 
 def _run_bench(name: str) -> str:
+    """Run one experiment (a replayed ``bench <name>`` or a :data:`MEASURED` command line)."""
     import subprocess
     import sys
 
     start = time.perf_counter()
-    command = [sys.executable, "-m", "paged_attention", "bench", name, *MEASURED.get(name, [])]
+    args = MEASURED.get(name, ["bench", name])
+    command = [sys.executable, "-m", "paged_attention", *args]
     env = {**os.environ, "PAGED_ATTENTION_FIGURES": str(figures_dir())}
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode:
-        raise RuntimeError(f"bench {name} failed:\n{done.stderr[-2000:]}")
-    return f"{done.stdout}bench {name}: ran in {time.perf_counter() - start:.1f} s"
+        raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-2000:]}")
+    return f"{done.stdout}{' '.join(args)}: ran in {time.perf_counter() - start:.1f} s"

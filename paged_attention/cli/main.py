@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
         help="smollm2: auto (default): bfloat16 where this CPU computes it faster, else float32",
     )  # fmt: skip
+    demo.add_argument("--save", action="store_true", help="smollm2: write figures/demo.json (for README)")
     gen = sub.add_parser("generate", help="stream one completion")
     gen.add_argument("--model", default=None, help="checkpoint folder or cached hub name (default: embedded)")
     gen.add_argument("--prompt", required=True)
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
             run_demo(opts.requests or 16, opts.num_kv_blocks or 64, opts.block_size,
                      max_tokens=opts.max_tokens, threads=opts.threads, model=opts.model,
-                     dtype=opts.dtype)  # fmt: skip
+                     dtype=opts.dtype, save=opts.save)  # fmt: skip
     elif opts.command == "generate":
         _generate(opts)
     elif opts.command == "chat":

@@ -42,7 +42,9 @@ def program_reads(
     tile_colors = [cmap(0.15 + 0.7 * t / max(1, num_tiles - 1)) for t in range(num_tiles)]
     gap = 0.18
     width = num_blocks * (1 + gap) - gap
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.62 * width + 0.6), 3.4))
+    fig, ax = plt.subplots(
+        figsize=(min(14.0, max(6.0, 0.62 * width + 0.6)), 3.4)
+    )  # long tables: narrower blocks
     slot_w = 1.0 / block_size
 
     def draw_block(x0: float, y0: float, positions: Sequence[int | None]) -> None:
@@ -50,7 +52,12 @@ def program_reads(
             face = "white" if pos is None else tile_colors[pos // tile]
             ax.add_patch(
                 Rectangle(
-                    (x0 + slot * slot_w, y0), slot_w, 1, facecolor=face, edgecolor="white", linewidth=0.8
+                    (x0 + slot * slot_w, y0),
+                    slot_w,
+                    1,
+                    facecolor=face,
+                    edgecolor="white",
+                    linewidth=0.8 if num_blocks <= 40 else 0,
                 )
             )
         ax.add_patch(Rectangle((x0, y0), 1, 1, fill=False, edgecolor="#4a5568", linewidth=1.2))
@@ -61,7 +68,8 @@ def program_reads(
         positions = [p if p < seq_len else None for p in range(i * block_size, (i + 1) * block_size)]
         lx = logical_x0 + i * (1 + gap)
         draw_block(lx, y_logical, positions)
-        ax.text(lx + 0.5, y_logical + 1.08, f"logical {i}", ha="center", va="bottom", fontsize=7)
+        if used <= 24 or i % 5 == 0:
+            ax.text(lx + 0.5, y_logical + 1.08, f"logical {i}", ha="center", va="bottom", fontsize=7)
         px = block_id * (1 + gap)
         draw_block(px, y_physical, positions)
         ax.annotate(
@@ -74,19 +82,26 @@ def program_reads(
         px = block_id * (1 + gap)
         if block_id not in table:
             ax.add_patch(Rectangle((px, y_physical), 1, 1, facecolor=COLORS["free"], edgecolor="#cbd5e0"))
-        ax.text(
-            px + 0.5, y_physical - 0.08, str(block_id), ha="center", va="top", fontsize=7, color="#2d3748"
-        )
+        if num_blocks <= 40 or block_id % 5 == 0:
+            ax.text(
+                px + 0.5, y_physical - 0.08, str(block_id), ha="center", va="top", fontsize=7, color="#2d3748"
+            )
     ax.text(-0.25, y_logical + 0.5, "the sequence\n(block table order)", ha="right", va="center", fontsize=8)
     ax.text(-0.25, y_physical + 0.5, "physical cache\n(block id below)", ha="right", va="center", fontsize=8)
     ax.set_xlim(-0.1, width + 0.1)
     ax.set_ylim(y_physical - 0.5, y_logical + 1.5)
     ax.set_aspect("equal")
     ax.axis("off")
+    shown = range(num_tiles) if num_tiles <= 8 else [0, 1, num_tiles - 2, num_tiles - 1]  # a short legend
     handles = [
-        Patch(facecolor=c, label=f"iteration {t}: positions {t * tile}-{min(seq_len, (t + 1) * tile) - 1}")
-        for t, c in enumerate(tile_colors)
+        Patch(
+            facecolor=tile_colors[t],
+            label=f"iteration {t}: positions {t * tile}-{min(seq_len, (t + 1) * tile) - 1}",
+        )
+        for t in shown
     ]
+    if num_tiles > 8:
+        handles.insert(2, Patch(facecolor="white", label=f"... {num_tiles - 4} more, colours between"))
     handles.append(Patch(facecolor=COLORS["free"], edgecolor="#cbd5e0", label="not read by this program"))
     ax.legend(
         handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8, frameon=False

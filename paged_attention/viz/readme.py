@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..experiments.paper import FIG12_SHAREGPT, LABELS
+from . import readme_paper, readme_results
 from .style import figures_dir
 
 
@@ -137,6 +138,16 @@ BLOCKS: dict[str, tuple[Callable[..., str], str]] = {
     "serving results": (serving_block, "bench serve-sweep; bench serve --compare-offline"),
     "speculative decoding results": (speculative_block, "bench spec-decode"),
     "dtype results": (dtypes_block, "bench engine --model smollm2 --dtype float32 bfloat16"),
+    "demo results": (readme_results.demo_block, "demo --save"),
+    "allocator results": (readme_results.allocator_block, "bench allocator"),
+    "engine results": (readme_results.engine_block, "bench engine"),
+    "real engine results": (readme_results.engine_real_block, "bench engine --model smollm2 --requests 16"),
+    "sharing results": (readme_results.sharing_block, "bench sharing"),
+    "throughput results": (readme_results.throughput_block, "bench throughput"),
+    "figure 2 results": (readme_paper.fragmentation_block, "bench fragmentation"),
+    "figure 13 results": (readme_paper.capacity_block, "bench capacity"),
+    "figure 12 results": (readme_paper.latency_block, "bench latency"),
+    "block size results": (readme_paper.block_size_block, "bench block-size"),
 }
 
 

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from .style import COLORS, SEQUENCE_COLORS
+from .tables import plural
 
 
 def engine_timeline(
@@ -150,7 +151,11 @@ def scheduler_timeline(
     ax_m.set_ylim(0, num_blocks * 1.05)
     if watermark_blocks:
         ax_m.axhline(
-            watermark_blocks, color="#276749", ls="--", lw=1, label=f"watermark ({watermark_blocks} blocks)"
+            watermark_blocks,
+            color="#276749",
+            ls="--",
+            lw=1,
+            label=f"watermark ({plural(watermark_blocks, 'block')})",
         )
     ax_m.set_ylabel(f"free blocks\n(of {num_blocks})")
     ax_t.bar(x, [s.num_scheduled_tokens for s in steps], width=1.0, color="#a0aec0", label="tokens this step")

@@ -12,3 +12,8 @@ def table(rows: list[list[object]], header: list[str]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def plural(count: int, noun: str) -> str:
+    """``"1 block"``, ``"2 blocks"``: a count and its noun, singular when the count is 1."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

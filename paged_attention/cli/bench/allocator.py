@@ -2,7 +2,8 @@
 
 ``python -m paged_attention bench allocator``. The workloads (``ordered``, ``scrambled`` and the
 fork-heavy ``mixed``, at each size) are :mod:`paged_attention.experiments.allocator_timing`.
-Numbers are allocate-or-share + free *pairs* per second, best of ``--repeats`` runs.
+Numbers are allocate-or-share + free *pairs* per second, best of ``--repeats`` runs; written to
+``figures/allocator.json`` (``--no-save``: print only).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ...experiments.allocator_timing import AllocatorResult, run
+from ...experiments.provenance import provenance
+from ._results import write_results
 
 
 def report(results: list[AllocatorResult]) -> str:
@@ -45,9 +48,13 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument("--pairs", type=int, default=300_000, help="pairs timed per run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--no-save", action="store_true", help="write nothing to figures/")
     opts = parser.parse_args(args)
     results = run(tuple(opts.sizes), opts.pairs, opts.repeats)
     print(report(results))
+    rows = [asdict(r) | {"ns_per_pair": r.ns_per_pair} for r in results]
     if opts.json:
-        payload = [asdict(r) | {"ns_per_pair": r.ns_per_pair} for r in results]
-        opts.json.write_text(json.dumps(payload, indent=2))
+        opts.json.write_text(json.dumps(rows, indent=2))
+    if not opts.no_save:
+        payload = {"results": rows, "pairs": opts.pairs, "repeats": opts.repeats, **provenance()}
+        write_results("allocator", payload, None)

@@ -14,11 +14,15 @@ step against the weight-read bound, greedy agreement; written to ``figures/dtype
 from __future__ import annotations
 
 import argparse
+import re
 
 from ...experiments import engine_vs_transformers as versus
+from ...experiments.provenance import provenance
 from ...models import explain_dtype
+from ...models.pretrained import find_pretrained
 from .._threads import set_threads
 from . import dtypes
+from ._results import write_results
 
 
 def _print_run(name: str, result: dict | Exception) -> None:
@@ -56,7 +60,7 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument(
         "--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="with several --dtype: sequences"
     )
-    parser.add_argument("--no-save", action="store_true", help="with several --dtype: write nothing")
+    parser.add_argument("--no-save", action="store_true", help="print only: write nothing to figures/")
     opts = parser.parse_args(args)
     if len(opts.dtype) > 1:
         dtypes.run(opts.model, opts.dtype, opts.batch_sizes, set_threads(opts.threads), not opts.no_save)
@@ -88,8 +92,11 @@ def main(args: list[str] | None = None) -> None:
     )
     ours = results["paged-engine"]
     print(f"\n{'method':>14} {'seconds':>8} {'useful tok/s':>13} {'paged-engine is':>16} {'same tokens':>12}")
+    methods = {}
     for name, r in results.items():
         same = versus.same_outputs(r, ours)
+        methods[name] = {"seconds": r["seconds"], "tokens_per_s": work.useful_tokens / r["seconds"],
+                         "paged_faster": r["seconds"] / ours["seconds"], "same_tokens": same}  # fmt: skip
         print(
             f"{name:>14} {r['seconds']:>8.1f} {work.useful_tokens / r['seconds']:>13.0f} "
             f"{r['seconds'] / ours['seconds']:>15.2f}x {same:>6}/{len(work.prompts)}"
@@ -105,3 +112,23 @@ def main(args: list[str] | None = None) -> None:
         f"forward; bookkeeping {ours['overhead']:.1%} (scheduler + allocator {ours['schedule_share']:.1%}, "
         f"batch packing {ours['overhead'] - ours['schedule_share']:.1%})"
     )
+    if not opts.no_save:
+        keys = ("peak_batch", "preemptions", "overhead_steps", "busy_batch", "steps", "outside_forward",
+                "overhead", "schedule_share")  # fmt: skip
+        payload = {
+            "model": opts.model or "embedded", "dtype": explain_dtype(opts.model, opts.dtype[0]),
+            "threads": threads, "requests": opts.requests, "prompt_lens": prompt_lens,
+            "output_lens": output_lens, "batch_size": batch_size, "kv_slots": kv_slots,
+            "useful_tokens": work.useful_tokens, "repeats": repeats, "methods": methods,
+            "paged": {k: ours[k] for k in keys}, **provenance(),
+        }  # fmt: skip
+        write_results(results_name(opts.model), payload, None)
+
+
+def results_name(model: str | None) -> str:
+    """``engine`` for the embedded model, ``engine_smollm2`` for SmolLM2, else ``engine_<name>``."""
+    if model is None:
+        return "engine"
+    spec = find_pretrained(model)
+    slug = spec.folder.split("-")[0] if spec else re.sub(r"[^A-Za-z0-9]+", "_", str(model).strip("/"))
+    return f"engine_{slug}".lower()

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ...experiments import paper, sharing
+from ...experiments.provenance import provenance
 from ...experiments.traces import TRACE_SHAPES
 from ...models import load_model
 from ...viz import sharing as figures
@@ -49,7 +50,7 @@ def main(args: list[str] | None = None) -> None:
             "paper: §6.3 (OPT-13B, real traces; Figure 15 plots Alpaca, the text gives ShareGPT); "
             "ours: a tiny random model, synthetic traces\n"
         )
-        write_results("sharing_memory", memory, figures.memory_figure(memory), opts.out)
+        write_results("sharing_memory", {**memory, **provenance()}, figures.memory_figure(memory), opts.out)
     if "prefix" not in opts.skip:
         prefix = sharing.run_prefix(
             sharing.PREFIXES, opts.prefix_requests, opts.budget_requests, opts.repeats, opts.seed, model,
@@ -65,4 +66,4 @@ def main(args: list[str] | None = None) -> None:
             f"1-shot {paper.FIG16_SPEEDUP['1-shot']}x, 5-shot {paper.FIG16_SPEEDUP['5-shot']}x"
         )
         print("ours: caching on vs off, on this CPU; the ratio varies from run to run")
-        write_results("sharing_prefix", prefix, figures.prefix_figure(prefix), opts.out)
+        write_results("sharing_prefix", {**prefix, **provenance()}, figures.prefix_figure(prefix), opts.out)

@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 
 from ...experiments import throughput
+from ...experiments.provenance import provenance
 from ...viz.paper import throughput_figure
 from ...viz.tables import table
 from ._results import write_results
@@ -56,4 +57,4 @@ def main(args: list[str] | None = None) -> None:
         for c in payload["tokens_per_s"]
     ]  # fmt: skip
     print(table(rows, ["manager", "output tok/s", "mean batch", "steps", "paged is", "same tokens"]))
-    write_results("throughput", payload, throughput_figure(payload), opts.out)
+    write_results("throughput", {**payload, **provenance()}, throughput_figure(payload), opts.out)
