@@ -42,8 +42,19 @@ def _generate(opts: argparse.Namespace) -> None:
     output after every step that adds text (``DELTA``: only the new part), the last one finished."""
     from ..engine.llm_engine import LLMEngine
     from ..engine.sampling import RequestOutputKind, SamplingParams
+    from ..models import explain_dtype
+    from ._threads import set_threads
 
+    threads = set_threads(opts.threads)
     engine = LLMEngine(opts.model, dtype=opts.dtype, num_kv_blocks=opts.num_kv_blocks, seed=opts.seed)
+    name = (
+        opts.model
+        or "the embedded tiny Llama (random weights: its text is gibberish; --model smollm2 for real text)"
+    )
+    print(
+        f"model: {name}; dtype: {explain_dtype(opts.model, opts.dtype)}; torch threads {threads}",
+        file=sys.stderr,
+    )
     params = SamplingParams(
         temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens, seed=opts.seed,
         output_kind=RequestOutputKind.DELTA,
@@ -86,14 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--dtype", default=None)
     gen.add_argument("--num-kv-blocks", type=int, default=None)
+    gen.add_argument("--threads", type=int, default=None, help="torch threads (default: see demo --help)")
     chat = sub.add_parser("chat", help="a terminal chat with the real model, streaming, KV blocks shown")
     chat.add_argument(
         "--model", default="HuggingFaceTB/SmolLM2-135M-Instruct", help="a model with a chat template"
     )
     chat.add_argument("--system", default=None, help="a system message (default: the template's own)")
     chat.add_argument("--max-tokens", type=int, default=256)
-    chat.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
-    chat.add_argument("--top-p", type=float, default=1.0)
+    chat.add_argument(
+        "--temperature", type=float, default=0.7,
+        help="0.7 (default), as chat services sample; 0: greedy, which repeats itself on open questions",
+    )  # fmt: skip
+    chat.add_argument("--top-p", type=float, default=0.9)
     chat.add_argument("--seed", type=int, default=0)
     chat.add_argument("--num-kv-blocks", type=int, default=256)
     chat.add_argument("--max-model-len", type=int, default=None, help="default: the model's (or what fits)")
