@@ -144,9 +144,9 @@ BLOCKS: dict[str, tuple[Callable[..., str], str]] = {
     "real engine results": (readme_results.engine_real_block, "bench engine --model smollm2 --requests 16"),
     "sharing results": (readme_results.sharing_block, "bench sharing"),
     "throughput results": (readme_results.throughput_block, "bench throughput"),
-    "figure 2 results": (readme_paper.fragmentation_block, "bench fragmentation"),
-    "figure 13 results": (readme_paper.capacity_block, "bench capacity"),
-    "figure 12 results": (readme_paper.latency_block, "bench latency"),
+    "fragmentation results": (readme_paper.fragmentation_block, "bench fragmentation"),
+    "capacity results": (readme_paper.capacity_block, "bench capacity"),
+    "latency results": (readme_paper.latency_block, "bench latency"),
     "block size results": (readme_paper.block_size_block, "bench block-size"),
 }
 

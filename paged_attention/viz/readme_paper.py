@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..experiments import paper
 from ..experiments.paper import LABELS
-from .readme_results import load
+from .readme_results import TRACE_NAMES, load
 
 
 def fragmentation_block(folder: Path | None = None) -> str:
@@ -104,8 +104,8 @@ def block_size_block(folder: Path | None = None) -> str:
         low, high = t["near_best"]
         best_low, best_high = r["paper_best"][name]
         said.append(
-            f"on {name.capitalize()}-like traffic ({t['rate']:g} req/s) block sizes {low}-{high} are within "
-            f"10% of the best ({t['best_block_size']}; paper: {best_low}-{best_high})"
+            f"on {TRACE_NAMES.get(name, name)}-like traffic ({t['rate']:g} req/s) block sizes {low}-{high} "
+            f"are within 10% of the best ({t['best_block_size']}; paper: {best_low}-{best_high})"
         )
     return (
         f"**Block size** (`bench block-size`): {'; '.join(said)}. Small blocks are penalised only "

@@ -14,6 +14,9 @@ from ..experiments import paper
 from ..experiments.paper import LABELS
 from ..experiments.throughput import step_time_by_batch
 from .style import figures_dir
+from .tables import plural
+
+TRACE_NAMES = {"sharegpt": "ShareGPT", "alpaca": "Alpaca"}
 
 
 def load(name: str, folder: Path | None = None) -> dict:
@@ -54,6 +57,15 @@ def demo_block(folder: Path | None = None) -> str:
         )
     lines += [
         f"{'identical outputs':34}{str(r['identical']) + '/' + str(r['num_requests']):>22}",
+        *(
+            [
+                f"  (in {r['dtype'].split(' ')[0]} a step's sums round differently when the batch",
+                "   differs, so a near-tie between two tokens can flip; "
+                "`--dtype float32` runs are identical)",
+            ]
+            if r["identical"] < r["num_requests"] and r["dtype"].startswith(("bfloat16", "float16"))
+            else []
+        ),
         "",
         f"paged: {r['speedup']:.2f}x the throughput in the same KV memory; every block free again: "
         f"{runs['paged']['all_free'] and runs['contiguous']['all_free']}",
@@ -93,7 +105,8 @@ def _engine_table(r: dict) -> list[str]:
         "hf-continuous": "transformers continuous batching (`generate_batch`'s manager)",
     }
     lines = ["| method | useful output tokens/s | paged engine is | same tokens |", "|---|---|---|---|"]
-    for name, m in r["methods"].items():
+    for name in sorted(r["methods"], key=lambda n: list(names).index(n) if n in names else len(names)):
+        m = r["methods"][name]
         faster = "1.00x" if name == "paged-engine" else f"{m['paged_faster']:.2f}x faster"
         same = f"{m['same_tokens']}/{r['requests']}"
         lines.append(f"| {names.get(name, name)} | {m['tokens_per_s']:,.0f} | {faster} | {same} |")
@@ -103,7 +116,8 @@ def _engine_table(r: dict) -> list[str]:
         f"The paged engine ran up to {p['peak_batch']} sequences per step in that memory "
         f"({p['preemptions']} preemptions). Over its {p['overhead_steps']} steps with at least "
         f"{p['busy_batch']} sequences, {p['outside_forward']:.1%} of the step time was outside the model's "
-        f"forward pass: scheduler and allocator {p['schedule_share']:.1%}, batch packing "
+        f"forward pass (sampling and outputs included), of which bookkeeping {p['overhead']:.1%}: "
+        f"scheduler and allocator {p['schedule_share']:.1%}, batch packing "
         f"{p['overhead'] - p['schedule_share']:.1%}.",
     ]
     return lines
@@ -151,7 +165,8 @@ def sharing_block(folder: Path | None = None) -> str:
     ]
     for trace, modes in memory["savings"].items():
         cells = [f"{100 * v:.0f}%" for v in modes["parallel"]] + [f"{100 * v:.0f}%" for v in modes["beam"]]
-        lines.append(f"| {trace.capitalize()}-like | " + " | ".join(cells) + " |")
+        label = TRACE_NAMES.get(trace, trace)
+        lines.append(f"| {label}-like | " + " | ".join(cells) + " |")
     a, s = paper.FIG15_ALPACA, paper.SEC63_SHAREGPT
     lines += [
         "",
@@ -171,8 +186,8 @@ def sharing_block(folder: Path | None = None) -> str:
     for name, res in prefix["results"].items():
         off, on = res["off"], res["on"]
         lines.append(
-            f"| {name}, {res['prefix_len']} tokens | {on['hit_rate']:.0%} | {off['computed_tokens']:,} -> "
-            f"{on['computed_tokens']:,} | {off['requests_per_s']:.1f} -> {on['requests_per_s']:.1f} | "
+            f"| {name}, {res['prefix_len']} tokens | {on['hit_rate']:.0%} | {off['model_tokens']:,} -> "
+            f"{on['model_tokens']:,} | {off['requests_per_s']:.1f} -> {on['requests_per_s']:.1f} | "
             f"{res['speedup']:.2f}x | {off['peak_batch']} -> {on['peak_batch']} |"
         )
     return "\n".join(lines) + "\n"
@@ -206,7 +221,7 @@ def throughput_block(folder: Path | None = None) -> str:
         lines += [
             "",
             f"A CPU's step time grows with the batch (in this run {low['ms_per_step']:.1f} ms per step at "
-            f"about {low['mean_batch']:.0f} sequences, {high['ms_per_step']:.1f} ms at about "
-            f"{high['mean_batch']:.0f}), where an A100's decode step barely moves (notebook 07).",
+            f"about {plural(round(low['mean_batch']), 'sequence')}, {high['ms_per_step']:.1f} ms at about "
+            f"{round(high['mean_batch'])}), where an A100's decode step barely moves (notebook 07).",
         ]
     return "\n".join(lines) + "\n"
