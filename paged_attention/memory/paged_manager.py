@@ -6,7 +6,7 @@ no swap preemption and no fork or copy-on-write (its parallel samples and beams 
 requests that share memory through the prefix cache alone), and its watermark, added recently, is
 off by default:
 
-* **A watermark** (v0's ``BlockSpaceManager(watermark=0.01)``). New sequences are admitted only
+* **A watermark** (v0's ``BlockSpaceManager(watermark=0.01)``, up to v0.10.2). New sequences are admitted only
   while more than ``watermark`` (1%) of the blocks would stay free, so that the sequences already
   running can still grow by a token without being preempted at once by the newcomer they just
   let in.
