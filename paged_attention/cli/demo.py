@@ -34,6 +34,7 @@ from ..experiments.prompts import QUESTIONS
 from ..experiments.provenance import provenance
 from ..models import explain_dtype, load_model
 from ..models.pretrained import SMOLLM2, find_pretrained
+from ..viz.readme_results import DEMO_ROWS
 from ._threads import set_threads
 from .bench._results import write_results
 
@@ -116,15 +117,7 @@ def run_demo(
         a.outputs[0].token_ids == b.outputs[0].token_ids
         for a, b in zip(contiguous["outputs"], paged["outputs"], strict=True)
     )
-    rows = (
-        ("requests running at once (peak)", "peak_running", "{:.0f}"),
-        ("requests running at once (mean)", "mean_running", "{:.1f}"),
-        ("output tokens/s", "tokens_per_second", "{:.1f}"),
-        ("wall time, s", "seconds", "{:.1f}"),
-        ("KV memory holding token states", "token_share", "{:.0%}"),
-        ("preemptions", "preemptions", "{:d}"),
-        ("engine steps", "steps", "{:d}"),
-    )
+    rows = DEMO_ROWS
     print(f"\n{'':34}{'contiguous':>12}{'paged':>10}")
     for name, key, fmt in rows:
         print(f"{name:34}{fmt.format(contiguous[key]):>12}{fmt.format(paged[key]):>10}")

@@ -17,6 +17,16 @@ from .style import figures_dir
 from .tables import plural
 
 TRACE_NAMES = {"sharegpt": "ShareGPT", "alpaca": "Alpaca"}
+#: the demo's table rows: (label, key of a run's numbers, format); the demo prints them, the README block too
+DEMO_ROWS = (
+    ("requests running at once (peak)", "peak_running", "{:.0f}"),
+    ("requests running at once (mean)", "mean_running", "{:.1f}"),
+    ("output tokens/s", "tokens_per_second", "{:.1f}"),
+    ("wall time, s", "seconds", "{:.1f}"),
+    ("KV memory holding token states", "token_share", "{:.0%}"),
+    ("preemptions", "preemptions", "{:d}"),
+    ("engine steps", "steps", "{:d}"),
+)
 
 
 def load(name: str, folder: Path | None = None) -> dict:
@@ -35,15 +45,7 @@ def demo_block(folder: Path | None = None) -> str:
     """``python -m paged_attention demo``: its table, as the command printed it."""
     r = load("demo", folder)
     runs = r["runs"]
-    rows = (
-        ("requests running at once (peak)", "peak_running", "{:.0f}"),
-        ("requests running at once (mean)", "mean_running", "{:.1f}"),
-        ("output tokens/s", "tokens_per_second", "{:.1f}"),
-        ("wall time, s", "seconds", "{:.1f}"),
-        ("KV memory holding token states", "token_share", "{:.0%}"),
-        ("preemptions", "preemptions", "{:d}"),
-        ("engine steps", "steps", "{:d}"),
-    )
+    rows = DEMO_ROWS
     lines = [
         f"`python -m paged_attention demo` ({where(r)}; model loaded in {r['load_seconds']:.1f} s; "
         f"dtype: {r['dtype']}):",
