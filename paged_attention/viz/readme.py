@@ -7,23 +7,18 @@ says which command produced its numbers, on which machine, with how many torch t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 from ..experiments.paper import FIG12_SHAREGPT, LABELS
 from . import readme_paper, readme_results
-from .style import figures_dir
-
-
-def _load(name: str, folder: Path | None) -> dict:
-    return json.loads(((folder or figures_dir()) / f"{name}.json").read_text())
+from .readme_results import load
 
 
 def serving_block(folder: Path | None = None) -> str:
     """The measured serving results: Figure 12 through the server (``bench serve-sweep``), and the
     server's overhead over the engine (``bench serve --compare-offline``)."""
-    sweep, overhead = _load("serve_sweep", folder), _load("serve_overhead", folder)
+    sweep, overhead = load("serve_sweep", folder), load("serve_overhead", folder)
     s, top = sweep["setup"], sweep["rates"][-1]
     managers = [m for m in ("paged", "oracle", "pow2", "max") if m in sweep["normalized_latency"]]
     lines = [
@@ -78,7 +73,7 @@ def serving_block(folder: Path | None = None) -> str:
 
 def speculative_block(folder: Path | None = None) -> str:
     """The measured speculative decoding: ``bench spec-decode``'s table."""
-    r = _load("spec_decode", folder)
+    r = load("spec_decode", folder)
     c = r["config"]
     lines = [
         f"`python -m paged_attention bench spec-decode` ({r.get('machine', 'this machine')}, "
@@ -100,44 +95,11 @@ def speculative_block(folder: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def dtypes_block(folder: Path | None = None) -> str:
-    """float32 against bfloat16 on this CPU: ``bench engine --dtype float32 bfloat16``'s table."""
-    r = _load("dtypes", folder)
-    names = list(dict.fromkeys(row["dtype"] for row in r["rows"]))
-    base = {row["batch"]: row["tokens_per_s"] for row in r["rows"] if row["dtype"] == names[0]}
-    read, copy = r["bandwidth"]["read"] / 1e9, r["bandwidth"]["copy"] / 1e9
-    lines = [
-        f"`python -m paged_attention bench engine --model {r['model']} --dtype {' '.join(names)}` "
-        f"({r.get('machine', 'this machine')}, {r.get('date', '?')}, {r['threads']} torch thread(s)): "
-        f"sequences decoding at once, the median of {r['steps']} steps; the weight-read bound is the "
-        f"weights' bytes over this core's read bandwidth, measured in the same run ({read:.1f} GB/s "
-        f"reading, {copy:.1f} GB/s copying):",
-        "",
-        f"| dtype | sequences | ms per step | tokens/s | vs {names[0]} | bound, ms | step/bound |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for row in r["rows"]:
-        lines.append(
-            f"| {row['dtype']} | {row['batch']} | {row['step_s'] * 1e3:.1f} | {row['tokens_per_s']:.1f} | "
-            f"**{row['tokens_per_s'] / base[row['batch']]:.2f}x** | {row['bound_s'] * 1e3:.1f} | "
-            f"{row['step_s'] / row['bound_s']:.2f}x |"
-        )
-    agreement = "; ".join(
-        f"{name} {a['identical']}/{a['prompts']}" for name, a in r["agreement"].items() if name != names[0]
-    )
-    lines += [
-        "",
-        f"Greedy answers ({r['max_tokens']} tokens, all prompts in one batch) token for token those of "
-        f'{names[0]}: {agreement}. `dtype="auto"` there: {r["auto"]}.',
-    ]
-    return "\n".join(lines) + "\n"
-
-
 #: name -> (the generator, the command whose JSON it reads)
 BLOCKS: dict[str, tuple[Callable[..., str], str]] = {
     "serving results": (serving_block, "bench serve-sweep; bench serve --compare-offline"),
     "speculative decoding results": (speculative_block, "bench spec-decode"),
-    "dtype results": (dtypes_block, "bench engine --model smollm2 --dtype float32 bfloat16"),
+    "dtype results": (readme_results.dtypes_block, "bench engine --model smollm2 --dtype float32 bfloat16"),
     "demo results": (readme_results.demo_block, "demo --save"),
     "allocator results": (readme_results.allocator_block, "bench allocator"),
     "engine results": (readme_results.engine_block, "bench engine"),

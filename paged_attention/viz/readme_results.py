@@ -77,6 +77,39 @@ def demo_block(folder: Path | None = None) -> str:
     return "\n".join([*lines, "```"]) + "\n"
 
 
+def dtypes_block(folder: Path | None = None) -> str:
+    """float32 against bfloat16 on this CPU: ``bench engine --dtype float32 bfloat16``'s table."""
+    r = load("dtypes", folder)
+    names = list(dict.fromkeys(row["dtype"] for row in r["rows"]))
+    base = {row["batch"]: row["tokens_per_s"] for row in r["rows"] if row["dtype"] == names[0]}
+    read, copy = r["bandwidth"]["read"] / 1e9, r["bandwidth"]["copy"] / 1e9
+    lines = [
+        f"`python -m paged_attention bench engine --model {r['model']} --dtype {' '.join(names)}` "
+        f"({where(r)}): "
+        f"sequences decoding at once, the median of {r['steps']} steps; the weight-read bound is the "
+        f"weights' bytes over this core's read bandwidth, measured in the same run ({read:.1f} GB/s "
+        f"reading, {copy:.1f} GB/s copying):",
+        "",
+        f"| dtype | sequences | ms per step | tokens/s | vs {names[0]} | bound, ms | step/bound |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in r["rows"]:
+        lines.append(
+            f"| {row['dtype']} | {row['batch']} | {row['step_s'] * 1e3:.1f} | {row['tokens_per_s']:.1f} | "
+            f"**{row['tokens_per_s'] / base[row['batch']]:.2f}x** | {row['bound_s'] * 1e3:.1f} | "
+            f"{row['step_s'] / row['bound_s']:.2f}x |"
+        )
+    agreement = "; ".join(
+        f"{name} {a['identical']}/{a['prompts']}" for name, a in r["agreement"].items() if name != names[0]
+    )
+    lines += [
+        "",
+        f"Greedy answers ({r['max_tokens']} tokens, all prompts in one batch) token for token those of "
+        f'{names[0]}: {agreement}. `dtype="auto"` there: {r["auto"]}.',
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def allocator_block(folder: Path | None = None) -> str:
     """``bench allocator``: pairs per second by allocator size and workload."""
     r = load("allocator", folder)
