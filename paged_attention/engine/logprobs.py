@@ -9,8 +9,9 @@ same for each prompt token after the first (the first has no context: its entry 
 The values come from the *raw* logits (the model's own distribution, before penalties,
 temperature or filters: vLLM v1's default ``logprobs_mode="raw_logprobs"``), or from the
 processed distribution that the token was drawn from (``"processed_logprobs"``). vLLM v0 used the
-processed ones. ``cumulative_logprob`` sums the sampled tokens' values; here it is kept for every
-sequence (vLLM v1 leaves it ``None`` unless ``logprobs`` is set, v0 always kept it).
+processed ones. ``cumulative_logprob`` sums the sampled tokens' values; as in vLLM v1 it is
+``None`` unless ``logprobs`` is set (v0 always kept it), and the sampler computes no
+log-probability for a request that reports none.
 """
 
 from __future__ import annotations

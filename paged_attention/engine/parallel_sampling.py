@@ -105,8 +105,11 @@ class SamplingRequest(Request):
                 tokens, logprobs = list(tokens), None if logprobs is None else list(logprobs)
             reason = seq.finish_reason.value if seq.finish_reason else None
             index = position if len(reported) < len(self.seqs) else seq.sample_index  # best_of: 0 .. n-1
-            outputs.append(CompletionOutput(index, text, tokens, reason, seq.stop_reason,
-                                            seq.cumulative_logprob, logprobs))  # fmt: skip
+            # vLLM v1: a number only when the request reports log-probabilities.
+            cumulative = seq.cumulative_logprob if self.params.logprobs is not None else None
+            outputs.append(
+                CompletionOutput(index, text, tokens, reason, seq.stop_reason, cumulative, logprobs)
+            )
         metrics = self.metrics
         if finished:
             metrics.finished_time = max((s.finish_time or 0.0) for s in self.seqs) or time.monotonic()

@@ -11,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 _EPS = 1e-5
+_MIN_TEMPERATURE = 1e-2  # vLLM raises a temperature in (0, 0.01) to 0.01 (smaller ones overflow)
 
 
 class RequestOutputKind(enum.Enum):
@@ -106,11 +108,18 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    #: vLLM's fields for features this engine does not have: accepted at their neutral value only.
+    watermarking: bool | None = None
+    thinking_token_budget: int | None = None
+    structured_outputs: Any = None
+    #: Free-form arguments for custom logits processors (vLLM's ``extra_args``): kept, not read.
+    extra_args: dict[str, Any] | None = None
     stop_strings: list[str] = field(init=False, repr=False)
     #: ``bad_words`` as token-id sequences, set by the engine from its tokenizer (``[]`` until then).
     bad_words_token_ids: list[list[int]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self._normalise()
         self._check_numbers()
         self._check_flags()
         stop = self.stop
@@ -119,9 +128,10 @@ class SamplingParams:
         self.stop_strings = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in self.stop_strings):
             raise TypeError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+        self.stop = list(self.stop_strings)  # vLLM keeps a list, [] for none
         if self.stop_strings and not self.detokenize:
             raise ValueError("stop strings need text: they are only supported with detokenize=True")
-        self.stop_token_ids = _token_ids("stop_token_ids", self.stop_token_ids) or []
+        self.stop_token_ids = list(dict.fromkeys(_token_ids("stop_token_ids", self.stop_token_ids) or []))
         self.allowed_token_ids = _token_ids("allowed_token_ids", self.allowed_token_ids)
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
             raise ValueError("allowed_token_ids must not be empty (None allows every token)")
@@ -130,9 +140,44 @@ class SamplingParams:
             not isinstance(words, (list, tuple)) or any(not isinstance(w, str) or not w for w in words)
         ):
             raise TypeError(f"bad_words must be a list of non-empty strings or None, got {words!r}")
-        self.bad_words = None if words is None else list(words)
+        self.bad_words = list(dict.fromkeys(words or []))
         self.bad_words_token_ids = []
         self.logit_bias = self._checked_bias(self.logit_bias)
+
+    def _normalise(self) -> None:
+        """vLLM's conveniences, applied before the checks: ``seed=-1`` means none, ``logprobs=True``
+        means 1, a temperature in (0, 0.01) is raised to 0.01, and a greedy request drops its
+        filters (top-p 1, top-k 0, min-p 0), which cannot change an argmax."""
+        if self.seed == -1 and not isinstance(self.seed, bool):
+            self.seed = None
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is True:
+                setattr(self, name, 1)
+        t = self.temperature
+        if _is_number(t) and 0 < t < _MIN_TEMPERATURE:
+            warnings.warn(f"temperature {t} is below {_MIN_TEMPERATURE} and may overflow; it is raised to "
+                          f"{_MIN_TEMPERATURE} (as vLLM does)", stacklevel=4)  # fmt: skip
+            self.temperature = _MIN_TEMPERATURE
+        if _is_number(t) and 0 <= t < _EPS:
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+        for name in ("watermarking", "thinking_token_budget", "structured_outputs"):
+            neutral = getattr(self, name) is None or (name == "watermarking" and self.watermarking is False)
+            if not neutral:
+                raise ValueError(f"{name} is a vLLM feature this engine does not have: only None is accepted")
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise TypeError(f"extra_args must be a dict or None, got {type(self.extra_args).__name__}")
+
+    def __repr__(self) -> str:
+        """vLLM's text, field for field (``best_of``, which v1 does not have, only when set)."""
+        names = ("n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
+                 "watermarking", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "bad_words",
+                 "thinking_token_budget", "include_stop_str_in_output", "ignore_eos", "max_tokens",
+                 "min_tokens", "logprobs", "prompt_logprobs", "skip_special_tokens",
+                 "spaces_between_special_tokens", "structured_outputs", "extra_args")  # fmt: skip
+        fields = [f"{name}={getattr(self, name)}" for name in names]
+        if self.best_of is not None:
+            fields.insert(1, f"best_of={self.best_of}")
+        return f"SamplingParams({', '.join(fields)})"
 
     def clone(self) -> SamplingParams:
         """A checked copy: every field validated again (after any change made to this object since
@@ -235,6 +280,12 @@ class SamplingParams:
     def num_samples(self) -> int:
         """How many samples are drawn: ``best_of`` if set, else ``n``."""
         return self.best_of or self.n
+
+    @property
+    def tracks_logprob(self) -> bool:
+        """Does the sampler compute its tokens' log-probabilities: for ``logprobs`` (which also makes
+        ``cumulative_logprob`` a number, vLLM v1's rule), or for ``best_of`` to rank samples by?"""
+        return self.logprobs is not None or self.num_samples > self.n
 
     @property
     def greedy(self) -> bool:

@@ -4,17 +4,21 @@ The :class:`Sampler` handles a whole step at once: one row of logits per sequenc
 its own settings (:class:`~.params.SamplingParams`, re-exported here): first the logits processing
 of :mod:`.logits` (allowed tokens, bad words, bias, penalties), then greedy argmax, or temperature,
 min-p, top-k and top-p and a draw. It also reports each drawn token's log-probability
-(:mod:`.logprobs`).
+(:mod:`.logprobs`) when its request reports them (``logprobs`` set, or ``best_of`` to choose by).
+
+The draw is vLLM's CPU sampler's (:mod:`.gumbel`): the filtered logits plus Gumbel noise hashed
+from one 31-bit seed, argmax. So a seeded request draws the very tokens vLLM draws for it, given the
+same logits (``make crosscheck`` compares them with the real vLLM).
 
 Reproducibility is per request, not per batch: a request with a ``seed`` owns a
-``torch.Generator`` seeded once, and draws exactly one random number per generated token from it.
-Which other requests share the batch, how the scheduler packs them, and whether the request was
-preempted and recomputed change nothing about its random draws. With ``n`` samples, sample ``i``
-draws from its own generator seeded ``seed + i``, so it equals a lone request with seed ``seed + i``
-(the samples share their prompt's KV blocks, which changes memory, not tokens). Requests without
-a seed draw from one engine-wide generator seeded by ``LLMEngine(seed=0)``, so they are reproducible
-only as a whole run. (vLLM v1 also seeds its global generator with 0 by default; v0 left it unseeded,
-so its unseeded samples differed from run to run.)
+``torch.Generator`` seeded once, and draws exactly one random number (the noise's seed) per
+generated token from it. Which other requests share the batch, how the scheduler packs them, and
+whether the request was preempted and recomputed change nothing about its random draws. With
+``n`` samples, sample ``i`` draws from its own generator seeded ``seed + i``, so it equals a lone
+request with seed ``seed + i`` (the samples share their prompt's KV blocks, which changes memory,
+not tokens). Requests without a seed draw from one engine-wide generator seeded by
+``LLMEngine(seed=0)``, so they are reproducible only as a whole run. (vLLM v1 also seeds its global
+generator with 0 by default; v0 left it unseeded, so its unseeded samples differed from run to run.)
 
 One caveat belongs to floating point, not to this design: a batch of another shape rounds the
 model's matrix products differently (in float32, about one part in a million), and a sampled token
@@ -31,6 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .gumbel import draw_seed, gumbel_argmax
 from .logits import History, needs_history, process
 from .logprobs import LOGPROBS_MODES
 from .logprobs import entries as logprob_entries
@@ -49,7 +54,7 @@ class SamplerOutput:
     log-probabilities) their top tokens are read from."""
 
     tokens: list[int]
-    logprobs: list[float]
+    logprobs: list[float | None]  # None where the row's request reports no log-probabilities
     distributions: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
@@ -105,40 +110,43 @@ class Sampler:
         histories: Sequence[History | None] | None = None,
     ) -> SamplerOutput:
         """Draw a token per row. ``banned[i]``: ids row ``i`` may not produce (min_tokens);
-        ``histories[i]``: its past tokens, for penalties and bad words (:mod:`.logits`)."""
+        ``histories[i]``: its past tokens, for penalties and bad words (:mod:`.logits`).
+        Log-probabilities are computed only for the rows whose request reports them."""
         raw = logits.to("cpu", torch.float32)
-        work = process(raw.clone(), params, banned, histories)  # a copy: the raw logits stay
+        tracked = [i for i, p in enumerate(params) if p.tracks_logprob]
+        keep_raw = raw is logits or (tracked and self.logprobs_mode == "raw_logprobs")
+        work = process(raw.clone() if keep_raw else raw, params, banned, histories)
         tokens = work.argmax(dim=-1)
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
-        probs = None
+        scores = None
         if sampled_rows:
-            probs = self._probabilities(work[sampled_rows], [params[i] for i in sampled_rows])
-            for j, row in enumerate(sampled_rows):
-                generator = self._draw_from(generators[row] or self.shared_generator)
-                # Inverse-CDF sampling with one uniform draw per token: a request's stream of draws
-                # depends on nothing but its own generator.
-                u = torch.rand((), generator=generator)
-                cdf = probs[j].cumsum(0)
-                tokens[row] = torch.searchsorted(cdf, u * cdf[-1]).clamp(max=cdf.numel() - 1)
-        if self.logprobs_mode == "raw_logprobs":
-            chosen = raw.gather(1, tokens.unsqueeze(1)).squeeze(1) - raw.logsumexp(dim=-1)
-            wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
-            distributions = dict(zip(wanted, raw[wanted].log_softmax(dim=-1), strict=True))
-        else:  # the distribution each token was drawn from: filtered, after temperature
-            processed = work.log_softmax(dim=-1)
-            if probs is not None:
-                processed[sampled_rows] = (probs / probs.sum(dim=-1, keepdim=True)).log()
-            chosen = processed.gather(1, tokens.unsqueeze(1)).squeeze(1)
-            distributions = {i: processed[i] for i, p in enumerate(params) if p.logprobs is not None}
-        return SamplerOutput(tokens.tolist(), chosen.tolist(), distributions)
+            scores = filtered_scores(work[sampled_rows], [params[i] for i in sampled_rows])
+            seeds = [draw_seed(self._draw_from(generators[i] or self.shared_generator)) for i in sampled_rows]
+            tokens[sampled_rows] = gumbel_argmax(scores, torch.tensor(seeds, dtype=torch.int64))
+        chosen: list[float | None] = [None] * len(params)
+        distributions: dict[int, torch.Tensor] = {}
+        if tracked:
+            if self.logprobs_mode == "raw_logprobs":
+                table = raw[tracked].log_softmax(dim=-1)
+            else:  # the distribution each token was drawn from: processed, filtered, after temperature
+                position = {row: j for j, row in enumerate(sampled_rows)}
+                assert scores is not None or not position
+                rows = [scores[position[i]] if i in position else work[i] for i in tracked]  # type: ignore[index]
+                table = torch.stack(rows).log_softmax(dim=-1)
+            values = table.gather(1, tokens[tracked].unsqueeze(1)).squeeze(1).tolist()
+            for j, i in enumerate(tracked):
+                chosen[i] = values[j]
+                if params[i].logprobs is not None:
+                    distributions[i] = table[j]
+        return SamplerOutput(tokens.tolist(), chosen, distributions)
 
     def targets(
         self, logits: torch.Tensor, seqs: Sequence[Seq], banned: Sequence[Sequence[int]]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """What speculative decoding verifies drafts against, row by row (:mod:`.speculation`):
         the raw logits (float32), the processed ones (logits processing applied, as :meth:`draw`
-        does; their argmax is the greedy token) and, if the rows sample, the weights drawn from
-        (temperature, min-p, top-k, top-p applied; rows need not sum to 1, as in :meth:`__call__`).
+        does; their argmax is the greedy token) and, if the rows sample, the scores drawn from
+        (:func:`filtered_scores`: temperature, min-p, top-k, top-p applied).
         All rows share one sequence's settings; row ``i`` sees ``seqs[i]``'s history."""
         raw = logits.to("cpu", torch.float32)
         params = [s.params for s in seqs]
@@ -147,14 +155,14 @@ class Sampler:
         work = process(raw.clone(), params, banned, histories)
         if params[0].greedy:
             return raw, work, None
-        return raw, work, self._probabilities(work, params)
+        return raw, work, filtered_scores(work.clone(), params)
 
-    def draw_from_row(self, weights: torch.Tensor, generator: torch.Generator) -> int:
-        """One token from a row of weights with one uniform draw, exactly as :meth:`__call__` draws
-        (inverse CDF), so that a request's stream of draws is the same with or without drafts."""
-        u = torch.rand((), generator=generator)
-        cdf = weights.cumsum(0)
-        return int(torch.searchsorted(cdf, u * cdf[-1]).clamp(max=cdf.numel() - 1))
+    def draw_from_row(self, scores: torch.Tensor, generator: torch.Generator) -> int:
+        """One token from a row of :func:`filtered_scores` with one seed drawn from ``generator``,
+        exactly as :meth:`__call__` draws, so that a request's stream of draws is the same with or
+        without drafts."""
+        seed = torch.tensor([draw_seed(generator)], dtype=torch.int64)
+        return int(gumbel_argmax(scores.unsqueeze(0), seed)[0])
 
     def generator_of(self, seq: Seq) -> torch.Generator:
         """The generator ``seq`` draws from (its own if seeded, else the shared one), saved for the
@@ -184,23 +192,44 @@ class Sampler:
             drawn.append(DrawnLogprob(out.logprobs[i], entry))
         return out.tokens, drawn
 
-    @staticmethod
-    def _probabilities(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-        """Temperature, then min-p, then top-k, then top-p (vLLM v1's order); rows need not sum to 1."""
-        temperature = torch.tensor([p.temperature for p in params]).unsqueeze(1)
-        probs = (logits / temperature).softmax(dim=-1)
-        min_p = torch.tensor([p.min_p for p in params]).unsqueeze(1)
-        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
-        vocab = probs.shape[1]
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]).unsqueeze(1)
-        sorted_probs = sorted_probs.masked_fill(torch.arange(vocab).unsqueeze(0) >= top_k, 0.0)
-        sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
-        top_p = torch.tensor([p.top_p for p in params]).unsqueeze(1)
-        # Keep a token if the mass strictly before it is < top_p (so the most likely token always stays).
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
-        return torch.zeros_like(sorted_probs).scatter_(1, order, sorted_probs)
+
+def filtered_scores(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """The logits a sampled row draws from, vLLM v1's way (in place on ``logits`` ``[rows, vocab]``,
+    float32, returned): divided by the temperature, then min-p, top-k and top-p set the tokens they
+    drop to ``-inf``. The draw is a softmax of what is left (:func:`.gumbel.gumbel_argmax`).
+
+    * min-p drops a token whose probability is below ``min_p`` x the largest;
+    * top-k keeps the tokens at least as large as the ``k``-th largest logit (ties all stay);
+    * top-p sorts the logits ascending and drops a token while the probability of it and every
+      smaller one adds up to at most ``1 - top_p``: what is kept is the smallest set of the most
+      likely tokens whose mass exceeds ``top_p`` less those below, and never nothing.
+    """
+    vocab = logits.shape[1]
+    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+    logits.div_(temperature.unsqueeze(1))
+    if any(p.min_p > 0 for p in params):
+        probs = logits.softmax(dim=-1)
+        floor = probs.amax(dim=-1, keepdim=True) * torch.tensor([p.min_p for p in params]).unsqueeze(1)
+        logits.masked_fill_(probs < floor, float("-inf"))
+    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    top_p = [p.top_p for p in params]
+    if all(p == 1.0 for p in top_p):
+        if all(k == vocab for k in top_k):
+            return logits
+        # Top-k alone: the k-th largest logit of each row is its threshold (no sort of the vocabulary).
+        k = torch.tensor(top_k)
+        threshold = logits.topk(int(k.max()), dim=1).values.gather(1, (k - 1).unsqueeze(1))
+        threshold.masked_fill_((k == vocab).unsqueeze(1), float("-inf"))
+        return logits.masked_fill_(logits < threshold, float("-inf"))
+    ascending, order = logits.sort(dim=-1)
+    if any(k < vocab for k in top_k):
+        threshold = ascending.gather(1, (vocab - torch.tensor(top_k)).unsqueeze(1))
+        ascending.masked_fill_(ascending < threshold, float("-inf"))
+    mass = ascending.softmax(dim=-1).cumsum(dim=-1)
+    drop = mass <= 1 - torch.tensor(top_p, dtype=torch.float32).unsqueeze(1)
+    drop[:, -1] = False  # the most likely token always stays
+    ascending.masked_fill_(drop, float("-inf"))
+    return logits.scatter_(1, order, ascending)
 
 
 def seed_everything(seed: int) -> None:

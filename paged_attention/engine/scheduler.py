@@ -180,7 +180,8 @@ class Scheduler:
             for k, token in enumerate(tokens):
                 seq.output_token_ids.append(token)
                 if drawn is not None:
-                    seq.cumulative_logprob += drawn[k].logprob
+                    if drawn[k].logprob is not None:
+                        seq.cumulative_logprob += drawn[k].logprob
                     if drawn[k].entry is not None:
                         seq.logprobs.append(drawn[k].entry)
                 stop = rules.check(seq, detokenizer)

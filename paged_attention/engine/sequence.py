@@ -64,7 +64,7 @@ class Sequence:
     prefix_offset: int = 0  # the detokenizer's window into output_token_ids starts here
     read_offset: int = 0  # output tokens already in output_text
     # -- what is reported beside the tokens (:mod:`.logprobs`) --
-    cumulative_logprob: float = 0.0  # the sum of its output tokens' log-probabilities
+    cumulative_logprob: float = 0.0  # the sum of its output tokens' log-probabilities, if tracked
     logprobs: list[dict] = field(default_factory=list)  # one entry per output token, if asked for
     prompt_logprobs: list[dict] = field(default_factory=list)  # prompt tokens 1.., if asked for
     num_cached_tokens: int = -1  # prompt tokens found in the prefix cache when first admitted

@@ -18,7 +18,8 @@ The path of a draft (vLLM v1's, with n-gram drafts):
    blocks that only rejected drafts held go back to the free queue at once.
 
 Sampled requests are verified by *sampling, then comparing*: at each position the target's token
-is drawn exactly as without drafts (one uniform, inverse CDF, from the request's generator), and a
+is drawn exactly as without drafts (one seed from the request's generator, hashed Gumbel noise:
+:mod:`.gumbel`), and a
 draft is accepted when it equals that token. A draft ``x`` is then accepted with probability
 ``p(x)``, and a rejection yields a token from ``p`` without ``x``: for a single drafted token this is
 Leviathan et al.'s rule (:func:`.rejection.verify_sampled`, notebook 10's exercise), in distribution;
@@ -135,23 +136,24 @@ class Speculator:
             _Ahead(seq.prompt_token_ids, [*seq.output_token_ids, *drafts[:i]], seq.params, seq.generator)
             for i in range(len(drafts) + 1)
         ]
-        raw, work, probs = sampler.targets(logits, views, [stop_rules.banned(v) for v in views])  # type: ignore[arg-type]
-        if probs is None:
+        raw, work, scores = sampler.targets(logits, views, [stop_rules.banned(v) for v in views])  # type: ignore[arg-type]
+        if scores is None:
             tokens, accepted = verify_greedy(drafts, work.argmax(dim=-1).tolist())
             processed = work
         else:  # sample, then compare: one draw per emitted token, as without drafts (module docstring)
             generator = sampler.generator_of(seq)
             tokens, accepted = [], 0
             for i in range(len(drafts) + 1):
-                tokens.append(sampler.draw_from_row(probs[i], generator))
+                tokens.append(sampler.draw_from_row(scores[i], generator))
                 if i == len(drafts) or tokens[-1] != drafts[i]:
                     break
                 accepted += 1
-            processed = (probs / probs.sum(dim=-1, keepdim=True)).clamp(min=1e-45).log()
-        table = (
-            raw.log_softmax(dim=-1) if sampler.logprobs_mode == "raw_logprobs" else processed.log_softmax(-1)
-        )
-        logprobs = [DrawnLogprob(float(table[i, token])) for i, token in enumerate(tokens)]
+            processed = scores
+        if seq.params.tracks_logprob:
+            table = (raw if sampler.logprobs_mode == "raw_logprobs" else processed).log_softmax(dim=-1)
+            logprobs = [DrawnLogprob(float(table[i, token])) for i, token in enumerate(tokens)]
+        else:
+            logprobs = [DrawnLogprob(None) for _ in tokens]
         update.logprobs[seq.seq_id] = logprobs
         update.rejected[seq.seq_id] = len(drafts) - accepted
         metrics.num_draft_tokens += len(drafts)

@@ -81,9 +81,10 @@ class SchedulerOutput:
 
 @dataclass(frozen=True)
 class DrawnLogprob:
-    """A drawn token's log-probability, and its vLLM entry if the request asked for one."""
+    """A drawn token's log-probability (``None`` if its request reports none: nothing computed),
+    and its vLLM entry if the request asked for one."""
 
-    logprob: float
+    logprob: float | None
     entry: dict[int, Logprob] | None = None
 
 
