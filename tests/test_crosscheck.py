@@ -9,11 +9,15 @@ from paged_attention.experiments.crosscheck import LOGPROB_TOL, MISSING_FIELDS, 
 
 
 def _answers() -> dict:
-    sample = {"index": 0, "text": " Paris", "token_ids": [7042, 30], "finish_reason": "length", "stop_reason": None,
-              "cumulative_logprob": -1.5, "fields": ["index", "text"],
-              "logprobs": [[[7042, -0.5, 1, " Paris"], [314, -2.0, 2, " is"]], [[30, -1.0, 1, "."]]]}  # fmt: skip
-    request = {"prompt": "The capital", "prompt_token_ids": [1, 2], "finished": True, "num_cached_tokens": 0,
-               "prompt_logprobs": [None, [[2, -3.0, 4, "x"]]], "fields": ["prompt"], "outputs": [sample]}  # fmt: skip
+    sample = {
+        "index": 0, "text": " Paris", "token_ids": [7042, 30], "finish_reason": "length", "stop_reason": None,
+        "cumulative_logprob": -1.5, "fields": ["index", "text"],
+        "logprobs": [[[7042, -0.5, 1, " Paris"], [314, -2.0, 2, " is"]], [[30, -1.0, 1, "."]]],
+    }  # fmt: skip
+    request = {
+        "prompt": "The capital", "prompt_token_ids": [1, 2], "finished": True, "num_cached_tokens": 0,
+        "prompt_logprobs": [None, [[2, -3.0, 4, "x"]]], "fields": ["prompt"], "outputs": [sample],
+    }  # fmt: skip
     return {"answers": {"case": [request], "repr": "SamplingParams(n=1)", "gumbel": [3, 1]}}
 
 
@@ -29,7 +33,9 @@ def test_equal_answers_pass_and_each_kind_of_difference_fails() -> None:
         lambda a: a["answers"]["case"][0]["outputs"][0].__setitem__("finish_reason", "stop"),
         lambda a: a["answers"]["case"][0]["outputs"][0].__setitem__("cumulative_logprob", None),
         lambda a: a["answers"]["case"][0].__setitem__("num_cached_tokens", 32),
-        lambda a: a["answers"]["case"][0]["outputs"][0]["logprobs"][0][1].__setitem__(1, -2.0 + 10 * LOGPROB_TOL),
+        lambda a: a["answers"]["case"][0]["outputs"][0]["logprobs"][0][1].__setitem__(
+            1, -2 + 10 * LOGPROB_TOL
+        ),
         lambda a: a["answers"]["case"][0]["prompt_logprobs"][1][0].__setitem__(2, 5),
         lambda a: a["answers"].__setitem__("repr", "SamplingParams(n=2)"),
         lambda a: a["answers"]["gumbel"].__setitem__(0, 4),
