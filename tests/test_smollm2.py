@@ -145,7 +145,10 @@ def test_triton_backend_on_one_short_prompt(llm, checkpoint):
 def test_chat_command_streams_answers_from_stdin(checkpoint, monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", io.StringIO("What is the capital of France?\n/reset\nSay hi.\n"))
     # greedy, so that the answer does not hang on one seed's draws (the command samples by default)
-    assert main(["chat", "--max-tokens", "8", "--num-kv-blocks", "32", "--threads", "1", "--temperature", "0"]) == 0
+    assert (
+        main(["chat", "--max-tokens", "8", "--num-kv-blocks", "32", "--threads", "1", "--temperature", "0"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "you> What is the capital of France?" in out and "Paris" in out
     assert out.count("KV: this conversation held") == 2 and "[new conversation]" in out
