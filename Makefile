@@ -27,10 +27,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-# Two workers, one torch thread each (two OpenMP threads per worker would fight over two cores); a test
-# file or notebook stays on one worker (--dist loadfile), so a notebook's cells run in order in one kernel.
+# Two workers, one torch thread each (two OpenMP threads per worker would fight over two cores); a
+# notebook stays on one worker (--dist loadgroup, tests/conftest.py), its cells in order in one kernel.
 test: install
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 $(BIN)/python -m pytest -n 2 --dist loadgroup
 
 test-fast: install
 	$(BIN)/python -m pytest tests -m "not slow"

@@ -64,3 +64,11 @@ def pytest_runtest_call(item):
             f"{item.nodeid}: an engine with no unfinished request holds "
             f"{manager.num_blocks - manager.num_free_blocks} of its {manager.num_blocks} blocks"
         )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under ``pytest -n 2 --dist loadgroup`` (``make test``) a notebook's cells stay together on one
+    worker, in order, in one kernel; every other test may go to either worker, which keeps both busy."""
+    for item in items:
+        if item.path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.xdist_group(item.path.name))

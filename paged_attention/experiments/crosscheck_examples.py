@@ -8,7 +8,10 @@ compared where they are deterministic (greedy decoding); a script that samples w
 compared by its prompts only (an unseeded draw is each engine's own).
 
 vLLM's runs use a ``sitecustomize`` that makes ``LLM(...)`` default to ``enforce_eager=True``: an
-eager start takes a third of a compiled one here.
+eager start takes a third of a compiled one here. A script without an ``if __name__ == "__main__":``
+guard (vLLM's older examples) cannot start vLLM's engine core, which is spawned and re-imports the
+script; such a script runs on vLLM with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine core in the
+script's own process, as this package always runs), and its note says so.
 """
 
 from __future__ import annotations
@@ -96,9 +99,11 @@ def run_examples(folder: Path, model: str, vllm_python: str, ours_python: str, v
     runs = []
     for name, (pattern, deterministic) in EXAMPLES.items():
         ours, theirs = variants((folder / name).read_text(), model)
+        guarded = re.search(r"^if __name__ == .__main__.:", theirs, re.M) is not None
+        in_process = {} if guarded else {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         printed = {}
         for engine, text, python, env in (
-            ("vllm", theirs, vllm_python, {**base, **vllm_env, "PYTHONPATH": str(out)}),
+            ("vllm", theirs, vllm_python, {**base, **vllm_env, **in_process, "PYTHONPATH": str(out)}),
             ("ours", ours, ours_python, {**base, "OMP_NUM_THREADS": "1"}),
         ):
             script = out / f"{engine}-{name.replace('/', '-')}"
@@ -115,5 +120,8 @@ def run_examples(folder: Path, model: str, vllm_python: str, ours_python: str, v
             same = a == b and bool(b)
             note = "" if same else f"here {a[:2]}, vLLM {b[:2]}"
             kind = "answers" if deterministic else "prompts (unseeded samples)"
-            runs.append(ExampleRun(name, same, len(b), note or f"{len(b)} lines of {kind} equal"))
+            note = note or f"{len(b)} lines of {kind} equal"
+            if not guarded:
+                note += "; no __main__ guard: vLLM ran it with VLLM_ENABLE_V1_MULTIPROCESSING=0"
+            runs.append(ExampleRun(name, same, len(b), note))
     return runs
