@@ -28,9 +28,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Two workers, one torch thread each (two OpenMP threads per worker would fight over two cores); a
-# notebook stays on one worker (--dist loadgroup, tests/conftest.py), its cells in order in one kernel.
+# file or notebook stays on one worker (--dist loadfile), the slowest first (tests/conftest.py).
 test: install
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 $(BIN)/python -m pytest -n 2 --dist loadgroup
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
 
 test-fast: install
 	$(BIN)/python -m pytest tests -m "not slow"

@@ -10,7 +10,7 @@ the two answers:
   ``cumulative_logprob`` is ``None`` on both or a number on both;
 * ``repr(SamplingParams(...))`` and its defaults: equal;
 * the attributes of ``RequestOutput``/``CompletionOutput``: vLLM's that are missing here must be
-  listed in :data:`MISSING_FIELDS`, with the reason.
+  listed in :data:`~..engine.compatibility.MISSING_FIELDS`, with the reason.
 
 Each case gives a :class:`Check` (``ok``, what differed); a difference in anything but a listed
 field fails the cross-check.
@@ -25,24 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..engine.compatibility import MISSING_FIELDS
+
 LOGPROB_TOL = 1e-4  # float32 kernels of two engines: observed differences are ~2e-5
 
-#: vLLM's output attributes that this engine does not have, and why.
-MISSING_FIELDS = {
-    "encoder_prompt": "encoder-decoder models: this engine runs decoder-only models",
-    "encoder_prompt_token_ids": "encoder-decoder models: this engine runs decoder-only models",
-    "multi_modal_placeholders": "multimodal inputs: text only here",
-    "kv_transfer_params": "disaggregated prefill (KV transfer between instances): one instance here",
-    "lora_request": "LoRA adapters: not supported here",
-    "routed_experts": "mixture-of-experts routing traces: no MoE models here",
-    "ec_transfer_params": "encoder-cache transfer between instances: one instance, no encoders here",
-    "num_cache_creation_tokens": "prompt tokens newly written to vLLM's prefix cache: not counted here "
-    "(num_cached_tokens, the tokens found there, is)",
-    "prompt_token_id_logprobs": "log-probabilities of chosen token ids (vLLM's scoring API): not here",
-    "sampling_mask": "the tokens the filters kept, for RL trainers: not reported here",
-    "spec_decode_metrics": "per-request speculative-decoding counts: here in RequestOutput.metrics",
-    "weight_versions": "weight-update versions for RL training loops: one fixed model here",
-}
 
 PROBE = Path(__file__).with_name("peer_probe.py")
 
