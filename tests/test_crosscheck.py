@@ -58,3 +58,37 @@ def test_near_ties_may_swap_and_listed_fields_may_be_missing() -> None:
     assert all(_ok(ours, theirs))
     theirs["answers"]["case"][0]["fields"].append("a_field_nobody_listed")
     assert not all(_ok(ours, theirs))
+
+
+def test_the_last_of_the_top_k_may_differ_only_within_the_tolerance() -> None:
+    """logprobs=1 with the sampled token outside the top-1: the top-1 tokens of the two engines may
+    differ only if their log-probabilities are closer than the tolerance."""
+    theirs = _answers()
+    position = [[30, -3.0, 4, "."], [7, -1.0, 1, "a"]]  # sampled token (rank 4), then the top-1
+    theirs["answers"]["case"][0]["outputs"][0]["logprobs"][1] = position
+    for value, same in ((-1.0 - LOGPROB_TOL / 2, True), (-1.0 - 10 * LOGPROB_TOL, False)):
+        ours = copy.deepcopy(theirs)
+        ours["answers"]["case"][0]["outputs"][0]["logprobs"][1] = [[30, -3.0, 4, "."], [8, value, 1, "b"]]
+        assert all(_ok(ours, theirs)) is same
+
+
+def test_errors_and_empty_answers_are_differences() -> None:
+    theirs = _answers()
+    both_fail = {"answers": {**theirs["answers"], "case": {"error": "ValueError"}}}
+    assert not all(_ok(copy.deepcopy(both_fail), both_fail))
+    empty = {"answers": {**theirs["answers"], "case": []}}
+    assert not all(_ok(copy.deepcopy(empty), empty))
+    shorter = copy.deepcopy(theirs)
+    shorter["answers"]["gumbel"].pop()
+    assert not all(_ok(shorter, theirs))
+
+
+def test_the_peer_workload_is_seeded_and_sized_as_documented() -> None:
+    from paged_attention.experiments.peer import workload
+    from paged_attention.models.resolve import load_tokenizer
+
+    tokenizer = load_tokenizer()  # the embedded model's: any tokenizer cuts the same way
+    prompts = workload(tokenizer, 64)
+    lengths = [len(p["prompt_token_ids"]) for p in prompts]
+    assert len(prompts) == 64 and min(lengths) >= 27 and max(lengths) <= 300
+    assert prompts == workload(tokenizer, 64) and prompts != workload(tokenizer, 64, seed=1)

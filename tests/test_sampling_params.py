@@ -343,7 +343,10 @@ def test_repr_and_defaults_are_vllms() -> None:
     greedy = SamplingParams(temperature=0, top_p=0.5, top_k=3, min_p=0.2)
     assert (greedy.top_p, greedy.top_k, greedy.min_p) == (1.0, 0, 0.0)
     with pytest.warns(UserWarning, match="raised to 0.01"):
-        assert SamplingParams(temperature=0.001).temperature == 0.01
+        tiny = SamplingParams(temperature=1e-6, top_k=1)
+    assert (tiny.temperature, tiny.top_k, tiny.greedy) == (0.01, 1, False)  # it samples, filters kept
+    with pytest.raises(ValueError, match="top_p must be in"):
+        SamplingParams(temperature=0, top_p=0)  # checked before a greedy request drops its filters
     assert "best_of=3" in repr(SamplingParams(n=1, best_of=3))
     with pytest.raises(ValueError, match="structured_outputs is a vLLM feature"):
         SamplingParams(structured_outputs={"json": {}})

@@ -3,9 +3,11 @@
 ``make crosscheck`` builds ``.venv-vllm`` (vLLM's CPU build, pinned) and runs this. Three parts:
 the offline API's cases (:mod:`..experiments.crosscheck_cases`), vLLM's offline examples
 (:mod:`..experiments.crosscheck_examples`), and each engine's load generator against the other's
-server (:mod:`..experiments.crosscheck_serve`). It prints one line per case (what matched, what
-differed and why) and exits non-zero on any difference in tokens or fields; ``--save`` also writes
-``figures/crosscheck.json``, which README's block is made from.
+server (:mod:`..experiments.crosscheck_serve`); then a short offline throughput comparison (the
+``bench peer`` workload cut down: 16 requests, 32 output tokens, bfloat16, one run each; printed,
+not asserted; ``bench peer`` measures the whole workload). It prints one line per case (what
+matched, what differed and why) and exits non-zero on any difference in tokens or fields; ``--save``
+also writes ``figures/crosscheck.json``, which README's block is made from.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-serve", action="store_true", help="skip the load generators against the servers"
     )
+    parser.add_argument("--no-peer", action="store_true", help="skip the short throughput comparison")
     parser.add_argument("--save", action="store_true", help="also write figures/crosscheck.json (README)")
     opts = parser.parse_args(argv)
     from ..experiments.crosscheck import MISSING_FIELDS, Check, compare, run_probe, table
@@ -66,11 +70,21 @@ def main(argv: list[str] | None = None) -> int:
     serving: dict[str, dict] = {}
     if not opts.no_serve:
         checks += _serve_checks(vllm_python.parent / "vllm", model, out / "serve", serving)
+    peer_rows = []
+    if not opts.no_peer:
+        try:  # printed, not asserted: a failure here is reported and fails nothing
+            peer_rows = _peer(str(vllm_python), model, out / "peer")
+        except (RuntimeError, OSError, ValueError, KeyError, subprocess.SubprocessError) as error:
+            print(f"the short throughput comparison did not run: {error}", file=sys.stderr)
     print(
         f"vLLM {theirs['version']} (ready in {theirs['ready_seconds']:.0f} s) against paged-attention "
         f"{ours['version']} (ready in {ours['ready_seconds']:.0f} s), float32, SmolLM2-135M-Instruct"
     )
     print(table(checks))
+    for row in peer_rows:
+        print(f"throughput, {row['dtype']}, 16 requests x 32 tokens: vLLM {row['vllm_tokens_per_s'][0]:.1f}, "
+              f"this engine {row['ours_tokens_per_s'][0]:.1f} output tokens/s ({row['ratio']:.2f}x; one run "
+              "each: `bench peer` measures the whole workload)")  # fmt: skip
     failed = [c.name for c in checks if not c.ok]
     report = {
         "vllm": theirs["version"],
@@ -80,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         "cases": [dataclasses.asdict(c) for c in checks],
         "missing_fields": MISSING_FIELDS,
         "serving": serving,
+        "peer": peer_rows,
         **provenance(),
     }
     (out / "report.json").write_text(json.dumps(report, indent=1))
@@ -90,6 +105,18 @@ def main(argv: list[str] | None = None) -> int:
     summary = f"{len(checks) - len(failed)} of {len(checks)} cases the same"
     print(summary + (f"; differ: {failed}" if failed else ""))
     return 1 if failed else 0
+
+
+def _peer(vllm_python: str, model: str, out: Path) -> list[dict]:
+    """The short throughput comparison (printed, not asserted)."""
+    from ..experiments import peer
+    from ..models.resolve import load_tokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    result = peer.measure(
+        vllm_python, sys.executable, model, load_tokenizer(model), out, ["bfloat16"], 16, 32, 1
+    )
+    return result["rows"]
 
 
 def _serve_checks(vllm_bin: Path, model: str, out: Path, serving: dict[str, dict]) -> list:
@@ -110,7 +137,7 @@ def _serve_checks(vllm_bin: Path, model: str, out: Path, serving: dict[str, dict
         check = Check(name)
         try:
             summary = run()
-        except (RuntimeError, OSError, TimeoutError, ValueError) as error:
+        except (RuntimeError, OSError, TimeoutError, ValueError, subprocess.SubprocessError) as error:
             check.fail(str(error)[-300:])
         else:
             keep = ("completed", "num_prompts", "failed", "request_throughput", "output_throughput",

@@ -105,7 +105,8 @@ ROWS = [
     Row(
         "`CompletionOutput.cumulative_logprob`",
         "same",
-        "`None` unless `logprobs` is set (v1), and then nothing is computed for it",
+        "`None` unless `logprobs` is set (v1); otherwise nothing is computed for it (but to rank "
+        "`best_of` samples)",
         "tests/test_sampling_params.py::test_cumulative_logprob_is_reported_only_with_logprobs",
     ),
     Row(

@@ -122,6 +122,8 @@ class SamplingParams:
         self._normalise()
         self._check_numbers()
         self._check_flags()
+        if self.greedy:  # after the checks, as vLLM: a greedy request's filters cannot change its argmax
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
         stop = self.stop
         if not (stop is None or isinstance(stop, (str, list, tuple))):
             raise TypeError(f"stop must be a string, a list of strings or None, got {type(stop).__name__}")
@@ -146,8 +148,8 @@ class SamplingParams:
 
     def _normalise(self) -> None:
         """vLLM's conveniences, applied before the checks: ``seed=-1`` means none, ``logprobs=True``
-        means 1, a temperature in (0, 0.01) is raised to 0.01, and a greedy request drops its
-        filters (top-p 1, top-k 0, min-p 0), which cannot change an argmax."""
+        means 1, a temperature in (0, 0.01) is raised to 0.01 (so only 0 is greedy; a greedy request
+        then drops its filters, top-p 1, top-k 0, min-p 0, once they are checked)."""
         if self.seed == -1 and not isinstance(self.seed, bool):
             self.seed = None
         for name in ("logprobs", "prompt_logprobs"):
@@ -158,8 +160,6 @@ class SamplingParams:
             warnings.warn(f"temperature {t} is below {_MIN_TEMPERATURE} and may overflow; it is raised to "
                           f"{_MIN_TEMPERATURE} (as vLLM does)", stacklevel=4)  # fmt: skip
             self.temperature = _MIN_TEMPERATURE
-        if _is_number(t) and 0 <= t < _EPS:
-            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
         for name in ("watermarking", "thinking_token_budget", "structured_outputs"):
             neutral = getattr(self, name) is None or (name == "watermarking" and self.watermarking is False)
             if not neutral:

@@ -161,7 +161,7 @@ class Sampler:
         """One token from a row of :func:`filtered_scores` with one seed drawn from ``generator``,
         exactly as :meth:`__call__` draws, so that a request's stream of draws is the same with or
         without drafts."""
-        seed = torch.tensor([draw_seed(generator)], dtype=torch.int64)
+        seed = torch.tensor([draw_seed(self._draw_from(generator))], dtype=torch.int64)
         return int(gumbel_argmax(scores.unsqueeze(0), seed)[0])
 
     def generator_of(self, seq: Seq) -> torch.Generator:

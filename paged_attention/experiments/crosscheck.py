@@ -87,8 +87,9 @@ def _compare_logprobs(check: Check, where: str, ours: Any, theirs: Any) -> None:
         ids_a, ids_b = [e[0] for e in a], [e[0] for e in b]
         values_b = {e[0]: e for e in b}
         if ids_a[0] != ids_b[0] or set(ids_a) != set(ids_b):
-            # The k-th and (k+1)-th most likely tokens may swap when closer than the tolerance.
-            edge = sorted(e[1] for e in b)[0]
+            # The k-th and (k+1)-th most likely tokens may swap when closer than the tolerance: the
+            # edge is the least of vLLM's top-k (its entries after the sampled token's, if any).
+            edge = min(e[1] for e in (b[1:] or b))
             strays = set(ids_a) ^ set(ids_b)
             near = all(abs(e[1] - edge) <= LOGPROB_TOL for e in [*a, *b] if e[0] in strays)
             if ids_a[0] != ids_b[0] or not near:
@@ -151,10 +152,15 @@ def compare(ours: dict[str, Any], theirs: dict[str, Any]) -> list[Check]:
     for name, expected in theirs["answers"].items():
         check = Check(name)
         got = ours["answers"].get(name)
+        ours_error, their_error = (a.get("error") if isinstance(a, dict) else None for a in (got, expected))
         if got is None:
             check.fail("no answer here")
+        elif ours_error or their_error:  # no case is meant to fail: an error on either side is a difference
+            check.fail(f"raised {ours_error} here, {their_error} in vLLM")
         elif type(got) is not type(expected):
             check.fail(f"{str(got)[:80]} here, vLLM {str(expected)[:80]}")
+        elif isinstance(expected, list) and (not expected or len(got) != len(expected)):
+            check.fail(f"{len(got)} answers here, vLLM {len(expected)}")
         elif isinstance(expected, list) and all(isinstance(e, dict) for e in expected):
             _compare_outputs(check, got, expected)
         elif isinstance(expected, list):  # the Gumbel-max draws: one token per row
@@ -164,9 +170,9 @@ def compare(ours: dict[str, Any], theirs: dict[str, Any]) -> list[Check]:
                     check.fail(f"row {row}: token {a} here, vLLM's kernel {b}")
         elif got != expected:
             if isinstance(expected, dict):
-                for key in expected:
-                    if got.get(key) != expected[key]:
-                        check.fail(f"{key}: {got.get(key)} here, vLLM {expected[key]}")
+                for key in sorted(set(expected) | set(got)):
+                    if got.get(key) != expected.get(key):
+                        check.fail(f"{key}: {got.get(key)} here, vLLM {expected.get(key)}")
             else:
                 check.fail(f"{got!r} here, vLLM {expected!r}")
         checks.append(check)

@@ -79,6 +79,9 @@ def variants(copy: str, model: str) -> tuple[str, str]:
     for old, new in pairs:
         if new.startswith(("from paged_attention import", "from argparse import")):
             theirs = theirs.replace(new + "\n", old + "\n", 1)
+    if "paged_attention" in theirs:
+        raise ValueError("the copy's header does not list every line it changed: vLLM's version still "
+                         "names paged_attention")  # fmt: skip
     return ours, theirs
 
 
