@@ -22,6 +22,7 @@ def test_the_readme_holds_the_generated_blocks() -> None:
 #: a measured number in each JSON a block reads: (file, path to the number)
 MEASURED = [
     ("crosscheck", ("cases", 0, "tokens")),
+    ("peer", ("rows", 0, "ratio")),
     ("serve_overhead", ("throughput_ratio",)),
     ("dtypes", ("rows", -1, "step_s")),
     ("demo", ("runs", "paged", "tokens_per_second")),
@@ -36,8 +37,8 @@ MEASURED = [
 ]
 #: the measured (not replayed) runs, which must say where and when they ran
 WITH_PROVENANCE = (
-    "crosscheck", "serve_sweep", "serve_overhead", "spec_decode", "dtypes", "demo", "allocator", "engine",
-    "engine_smollm2", "sharing_memory", "sharing_prefix", "throughput",
+    "crosscheck", "peer", "serve_sweep", "serve_overhead", "spec_decode", "dtypes", "demo", "allocator",
+    "engine", "engine_smollm2", "sharing_memory", "sharing_prefix", "throughput",
 )  # fmt: skip
 
 

