@@ -21,8 +21,6 @@ import time
 from pathlib import Path
 
 VLLM_PYTHON = ".venv-vllm/bin/python"
-#: vLLM's CPU settings: 1 GiB of KV cache; its worker on core 0 (the probe's own process waits).
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"}
 EXAMPLES = Path(__file__).resolve().parents[2] / "tests" / "vllm_examples"
 
 
@@ -42,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     from ..experiments.crosscheck import MISSING_FIELDS, Check, compare, run_probe, table
     from ..experiments.crosscheck_cases import cases
+    from ..experiments.peer import VLLM_ENV
     from ..experiments.provenance import provenance
     from ..models.pretrained import pretrained_path
     from ..viz.style import figures_dir
@@ -122,7 +121,8 @@ def _peer(vllm_python: str, model: str, out: Path) -> list[dict]:
 def _serve_checks(vllm_bin: Path, model: str, out: Path, serving: dict[str, dict]) -> list:
     """Each load generator against the other engine's server: every request must complete."""
     from ..experiments.crosscheck import Check
-    from ..experiments.crosscheck_serve import our_client_against_vllm, vllm_client_against_ours
+    from ..experiments.crosscheck_serve import NUM_PROMPTS, our_client_against_vllm, vllm_client_against_ours
+    from ..experiments.peer import VLLM_ENV
 
     out.mkdir(parents=True, exist_ok=True)
     checks = []
@@ -145,8 +145,8 @@ def _serve_checks(vllm_bin: Path, model: str, out: Path, serving: dict[str, dict
             serving[name] = {k: summary[k] for k in keep if k in summary}
             check.requests = int(summary.get("completed", 0))
             check.tokens = int(summary.get("total_output_tokens", summary.get("output_tokens", 0)) or 0)
-            if check.requests != 16:
-                check.fail(f"{check.requests} of 16 requests completed")
+            if check.requests != NUM_PROMPTS:
+                check.fail(f"{check.requests} of {NUM_PROMPTS} requests completed")
             else:
                 check.notes.append("every request completed")
         checks.append(check)

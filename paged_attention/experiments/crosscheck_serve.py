@@ -20,8 +20,12 @@ from typing import Any
 
 from ..serving.launch import LOCALHOST, ServerProcess, free_port, wait_healthy
 
+NUM_PROMPTS = 16  # requests each load generator sends: every one must complete
 
-def vllm_client_against_ours(vllm_bin: str, model: str, out: Path, num_prompts: int = 16) -> dict[str, Any]:
+
+def vllm_client_against_ours(
+    vllm_bin: str, model: str, out: Path, num_prompts: int = NUM_PROMPTS
+) -> dict[str, Any]:
     """``vllm bench serve`` against this package's server; vLLM's summary (its JSON)."""
     result = out / "vllm-bench-serve-against-ours.json"
     server_args = ["--model", model, "--dtype", "float32", "--threads", "1", "--max-model-len", "1024"]
@@ -40,7 +44,7 @@ def vllm_client_against_ours(vllm_bin: str, model: str, out: Path, num_prompts: 
 
 
 def our_client_against_vllm(vllm_bin: str, model: str, out: Path, env: dict[str, str],
-                            num_prompts: int = 16) -> dict[str, Any]:  # fmt: skip
+                            num_prompts: int = NUM_PROMPTS) -> dict[str, Any]:  # fmt: skip
     """This package's ``bench serve`` against ``vllm serve`` (eager, float32); our summary."""
     port = free_port()
     url = f"http://{LOCALHOST}:{port}"

@@ -19,7 +19,7 @@ from ..models.corpus import CORPUS
 from .crosscheck import run_probe
 from .prompts import QUESTIONS
 
-#: vLLM's settings for the measured runs: 1 GiB of KV cache, its worker on one core.
+#: vLLM's CPU settings (the cross-check's too): 1 GiB of KV cache, its worker on core 0.
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"}
 OURS_ENV = {"OMP_NUM_THREADS": "1"}
 
