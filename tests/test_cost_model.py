@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import GPT2Config
 
+from paged_attention.experiments import paper
 from paged_attention.experiments.cost_model import (
     GPUS,
     MODEL_CONFIGS,
@@ -44,6 +45,7 @@ def test_from_config_reads_any_config_and_dtype():
 def test_paper_kv_slots():
     assert paper_kv_slots() == 12 * 2**30 // 819_200 == 15728
     assert model_spec("OPT-13B").kv_slots(PAPER_KV_BYTES) == 15728
+    assert paper_kv_slots() == paper.KV_SLOTS  # paper.py's own arithmetic, kept free of transformers
     assert model_spec("OPT-13B").kv_slots(0) == 0
 
 
