@@ -56,7 +56,7 @@ class ForwardContext:
     query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
     decode_only: bool  # every sequence brings exactly one token
     backend: str
-    plan: kernels.GatherPlan | None = None  # torch-backend decode: built once, used by every layer
+    plan: kernels.GatherPlan | None = None  # CPU decode (torch, compiled): built once, used by every layer
 
 
 _context: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(
@@ -184,7 +184,7 @@ class ModelRunner:
             decode_only=len(token_ids) == len(scheduled),
             backend=self.backend,
         )
-        if ctx.decode_only and self.backend == "torch":
+        if ctx.decode_only and self.backend in ("torch", "compiled"):
             ctx.plan = kernels.plan_decode(ctx.block_tables, ctx.seq_lens, self.kv_cache.key_cache(0))
         input_ids = torch.tensor([token_ids], device=device)
         position_ids = torch.tensor([positions], device=device)

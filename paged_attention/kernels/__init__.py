@@ -1,7 +1,10 @@
-"""Attention backends: the Triton kernels, or the pure-PyTorch reference.
+"""Attention backends: the Triton kernels, the compiled in-place CPU kernel, or the pure-PyTorch reference.
 
-``backend="auto"`` compiles the Triton kernels on CUDA tensors and uses the PyTorch reference on
-the CPU, where it is far faster than interpreting Triton. ``backend="triton"`` on the CPU runs the
+``backend="auto"`` compiles the Triton kernels on CUDA tensors; on the CPU it takes ``"compiled"``:
+decode attention read through the block tables in place by code that torch.compile (inductor)
+generates (:mod:`.compiled`), prefill by torch's fused SDPA over each prompt's gathered pages, as
+``"torch"`` does. ``"torch"`` is the eager reference recipe (a padded gather, then attention), the
+oracle every kernel is tested against. ``backend="triton"`` on the CPU runs the
 very same kernel code through **Triton's interpreter**, which executes each program with NumPy:
 slow (milliseconds per loop iteration), but it lets a laptop run, test and step through GPU code.
 
@@ -22,20 +25,25 @@ from typing import Literal
 import torch
 
 from .._triton_env import triton_interpreted
-from . import reference
+from . import compiled, reference
 from .reference import GatherPlan
-from .validation import check_tables, default_scale
+from .validation import check_cache, check_tables, default_scale
 
-Backend = Literal["auto", "triton", "torch"]
-BACKENDS = ("auto", "triton", "torch")
+Backend = Literal["auto", "triton", "torch", "compiled"]
+BACKENDS = ("auto", "triton", "torch", "compiled")
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
-    """``"auto"`` -> ``"triton"`` on CUDA, ``"torch"`` elsewhere; checks that the choice can run."""
+    """``"auto"`` -> ``"triton"`` on CUDA, ``"compiled"`` on a CPU (``"torch"`` once compiling has
+    failed in this process); checks that the choice can run."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "triton" if device.type == "cuda" else "torch"
+        if device.type == "cuda":
+            return "triton"
+        return "compiled" if device.type == "cpu" and compiled.available() else "torch"
+    if backend == "compiled" and device.type != "cpu":
+        raise ValueError(f"the compiled backend is the CPU's; got {device} tensors (use 'triton' or 'auto')")
     if backend == "triton" and device.type != "cuda" and not triton_interpreted():
         raise ValueError(
             f"the triton backend needs CUDA tensors, got {device}; to use Triton's interpreter on a CPU, "
@@ -67,11 +75,23 @@ def paged_decode(
 ) -> torch.Tensor:
     """Decode attention: ``query[num_seqs, num_heads, head_dim]``, one token per sequence.
 
-    ``plan`` (the torch backend only, from :func:`plan_decode`): the batch's tables, checked and
-    turned into gather indices once per step, for every layer to reuse; masked positions are then
-    not zeroed, so the cache must hold finite numbers only (the engine's does: it starts zeroed).
+    ``plan`` (the torch and compiled backends, from :func:`plan_decode`): the batch's tables,
+    checked and turned into block indices once per step, for every layer to reuse; with the torch
+    backend masked positions are then not zeroed, so the cache must hold finite numbers only (the
+    engine's does: it starts zeroed).
     """
-    if resolve_backend(backend, query.device) == "torch":
+    chosen = resolve_backend(backend, query.device)
+    if chosen == "compiled" and query.dtype != torch.float64:  # float64 (tests) stays on the reference
+        if plan is None:
+            check_cache(query, key_cache, value_cache)
+            plan = plan_decode(block_tables, seq_lens, key_cache)
+            if query.shape[0] != plan.seq_lens.shape[0]:
+                raise ValueError(
+                    f"decode has one query per sequence: {query.shape[0]} queries, "
+                    f"{plan.seq_lens.shape[0]} seq_lens"
+                )
+        return _compiled_decode(query, key_cache, value_cache, plan, default_scale(query.shape[-1], scale))
+    if chosen in ("torch", "compiled"):
         if plan is not None:
             scale = default_scale(query.shape[-1], scale)
             return reference.decode_with_plan(
@@ -79,6 +99,15 @@ def paged_decode(
             )
         return reference.paged_decode(query, key_cache, value_cache, block_tables, seq_lens, scale)
     return _triton()[0].paged_decode(query, key_cache, value_cache, block_tables, seq_lens, scale)
+
+
+def _compiled_decode(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, plan: GatherPlan, scale: float
+) -> torch.Tensor:
+    if query.shape[0] == 0:
+        return torch.empty_like(query)
+    blocks = plan.blocks.view(-1, plan.width)
+    return compiled.paged_decode(query, key_cache, value_cache, blocks, plan.seq_lens, scale)
 
 
 def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, key_cache: torch.Tensor) -> GatherPlan:
@@ -102,11 +131,15 @@ def paged_prefill(
     """Causal attention of packed new tokens ``query[num_tokens, num_heads, head_dim]``.
 
     The torch backend runs torch's fused ``scaled_dot_product_attention`` in the cache's dtype
-    (:func:`.reference.paged_prefill` with ``fused=True``)."""
-    if resolve_backend(backend, query.device) == "torch":
+    (:func:`.reference.paged_prefill` with ``fused=True``); the compiled backend does the same for
+    sequences that bring several tokens and runs its in-place kernel for those that bring one."""
+    chosen = resolve_backend(backend, query.device)
+    if chosen in ("torch", "compiled"):
+        decode = _compiled_decode if chosen == "compiled" and query.dtype != torch.float64 else None
         return reference.paged_prefill(
-            query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, fused=True
-        )
+            query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, fused=True,
+            decode=decode,
+        )  # fmt: skip
     return _triton()[1].paged_prefill(
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale
     )
@@ -122,7 +155,7 @@ def store_kv(
     backend: Backend = "auto",
 ) -> None:
     """Write ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` into their slots (``-1``: skip)."""
-    if resolve_backend(backend, key.device) == "torch":
+    if resolve_backend(backend, key.device) in ("torch", "compiled"):
         reference.store_kv(key, value, key_cache, value_cache, slot_mapping)
     else:
         _triton()[2].store_kv(key, value, key_cache, value_cache, slot_mapping)

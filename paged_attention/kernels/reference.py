@@ -12,6 +12,7 @@ the result is cast back to the query's dtype.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,7 @@ class GatherPlan:
     valid: torch.Tensor  # bool [num_seqs, max_len]: real positions
     width: int  # blocks per padded row
     max_len: int
+    seq_lens: torch.Tensor  # [num_seqs], as given
 
     @classmethod
     def build(cls, block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> GatherPlan:
@@ -53,7 +55,11 @@ class GatherPlan:
         valid = positions[None, :] < seq_lens[:, None]
         used = valid.view(-1, width, block_size)[:, :, 0]
         blocks = torch.where(used, block_tables[:, :width], 0).long()  # padding entries may hold anything
-        return cls(blocks.view(-1), valid[:, :max_len], width, max_len)
+        return cls(blocks.view(-1), valid[:, :max_len], width, max_len, seq_lens)
+
+
+#: ``decode(query, key_cache, value_cache, plan, scale)``: a decode attention built on a plan.
+DecodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, GatherPlan, float], torch.Tensor]
 
 
 def gather_kv_padded(
@@ -177,12 +183,15 @@ def paged_prefill(
     query_start_loc: torch.Tensor,
     scale: float | None = None,
     fused: bool = False,
+    decode: DecodeFn | None = None,
 ) -> torch.Tensor:
     """Packed new tokens attend causally: the ``j``-th of ``q_len`` new tokens of a sequence with
     ``seq_len`` cached tokens (new ones included) sits at position ``seq_len - q_len + j``.
 
     ``fused=True`` (the engine's CPU path): torch's ``scaled_dot_product_attention`` in the cache's
-    dtype, as :func:`decode_with_plan` does; else :func:`attend`, the oracle."""
+    dtype, as :func:`decode_with_plan` does; else :func:`attend`, the oracle. ``decode(query, key_cache,
+    value_cache, plan, scale)`` replaces :func:`decode_with_plan` for the sequences that bring one
+    token (the compiled backend passes its in-place kernel)."""
     check_cache(query, key_cache, value_cache, allow_float64=True)
     check_tables(block_tables, seq_lens, key_cache, query.device)
     check_query_start_loc(query_start_loc, seq_lens, query.shape[0])
@@ -195,7 +204,10 @@ def paged_prefill(
         rows = torch.tensor([starts[i] for i in single], device=query.device)
         index = torch.tensor(single, device=query.device)
         plan = GatherPlan.build(block_tables[index], seq_lens[index], key_cache.shape[1])
-        out[rows] = decode_with_plan(query[rows], key_cache, value_cache, plan, scale, fused=fused)
+        if decode is not None:
+            out[rows] = decode(query[rows], key_cache, value_cache, plan, scale)
+        else:
+            out[rows] = decode_with_plan(query[rows], key_cache, value_cache, plan, scale, fused=fused)
     for i, seq_len in enumerate(seq_lens.tolist()):
         if q_lens[i] == 1:
             continue

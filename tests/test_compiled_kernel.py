@@ -1,0 +1,126 @@
+"""The compiled in-place CPU decode kernel (:mod:`paged_attention.kernels.compiled`) against the
+PyTorch reference and against SDPA on contiguous K/V, the same way as the Triton kernels: shuffled
+block tables, lengths 1, block_size, block_size + 1 and longer, and NaN in every slot it must not read.
+
+Each distinct (dtype, heads, head size, block size) compiles once per process (seconds the first time
+on a machine, then from inductor's on-disk cache), so the grid is a cycle through the combinations,
+not their product.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from paged_attention import kernels
+from paged_attention.kernels import compiled, reference
+
+from .kernel_cases import TOLERANCE, make_paged_case, query_start_loc
+
+HEADS = [(8, 8), (8, 2), (9, 3), (16, 1)]
+HEAD_SIZES = [64, 80]
+BLOCK_SIZES = [1, 8, 16]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+GRID = [
+    (h, d, b, DTYPES[i % len(DTYPES)])
+    for i, (h, d, b) in enumerate(itertools.product(HEADS, HEAD_SIZES, BLOCK_SIZES))
+    if i % 2 == 0  # every head layout, head size, block size and dtype, in 12 compilations
+]
+
+
+def lengths(block_size: int) -> list[int]:
+    return [1, block_size, block_size + 1, 3 * block_size + 5]
+
+
+@pytest.mark.parametrize(("heads", "head_dim", "block_size", "dtype"), GRID)
+def test_compiled_decode_matches_reference(heads, head_dim, block_size, dtype):
+    case = make_paged_case(lengths(block_size), block_size, heads[1], head_dim, dtype, seed=head_dim)
+    q = torch.randn(len(case.keys), heads[0], head_dim).to(dtype)
+    args = (q, case.key_cache, case.value_cache, case.block_tables, case.seq_lens)
+    out = kernels.paged_decode(*args, backend="compiled")
+    assert out.dtype == dtype and out.shape == q.shape and torch.isfinite(out).all()
+    torch.testing.assert_close(out, reference.paged_decode(*args), **TOLERANCE[dtype])
+
+
+def test_compiled_decode_matches_sdpa_on_contiguous_tensors():
+    case = make_paged_case([3, 40, 17], 8, 2, 64, torch.float32, seed=3)
+    q = torch.randn(3, 8, 64)
+    out = kernels.paged_decode(q, case.key_cache, case.value_cache, case.block_tables, case.seq_lens,
+                               backend="compiled")  # fmt: skip
+    for i, (k, v) in enumerate(zip(case.keys, case.values, strict=True)):
+        expected = F.scaled_dot_product_attention(
+            q[i, :, None], k.transpose(0, 1), v.transpose(0, 1), enable_gqa=True
+        )[:, 0]
+        torch.testing.assert_close(out[i], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_growing_batch_and_longer_tables_do_not_recompile():
+    """One graph serves every batch size, table width and cache size above 1 (dynamic dimensions;
+    dynamo compiles a size of 1 apart, so batch 1 and "every sequence within one block" are a
+    second and third graph)."""
+    from torch._dynamo.utils import counters
+
+    def run(seq_lens: list[int], seed: int) -> None:
+        case = make_paged_case(seq_lens, 8, 2, 64, torch.float32, seed=seed)
+        q = torch.randn(len(seq_lens), 4, 64)
+        args = (q, case.key_cache, case.value_cache, case.block_tables, case.seq_lens)
+        out = kernels.paged_decode(*args, backend="compiled")
+        torch.testing.assert_close(out, reference.paged_decode(*args), **TOLERANCE[torch.float32])
+
+    run([5, 9], 0)
+    before = counters["stats"]["unique_graphs"]
+    for seed, seq_lens in enumerate([[5, 9, 30], [70, 2, 8, 8, 19], [3] * 32 + [9], [120, 1]]):
+        run(seq_lens, seed)
+    assert counters["stats"]["unique_graphs"] == before
+
+
+def test_engine_decode_rows_inside_a_mixed_step_use_the_compiled_kernel():
+    """paged_prefill with the compiled backend: decode rows by the in-place kernel, prompts by SDPA."""
+    case = make_paged_case([1 + 8, 13, 30], 8, 2, 32, torch.float32)
+    q_lens = [1, 13, 5]
+    query = torch.randn(sum(q_lens), 8, 32)
+    loc = query_start_loc(q_lens)
+    args = (query, case.key_cache, case.value_cache, case.block_tables, case.seq_lens, loc)
+    torch.testing.assert_close(
+        kernels.paged_prefill(*args, backend="compiled"), reference.paged_prefill(*args), atol=2e-5, rtol=1e-5
+    )
+
+
+def test_auto_is_the_compiled_kernel_on_a_cpu_and_bad_input_errors_are_the_references():
+    assert kernels.resolve_backend("auto", torch.device("cpu")) == "compiled"
+    case = make_paged_case([5, 12], 8, 2, 64, torch.float32)
+    q = torch.randn(2, 4, 64)
+    with pytest.raises(ValueError, match="one query per"):
+        kernels.paged_decode(q[:1], case.key_cache, case.value_cache, case.block_tables, case.seq_lens)
+    tables = case.block_tables.clone()
+    tables[1, 1] = 10_000
+    with pytest.raises(ValueError, match=r"block_tables\[1, 1\] = .* is not a block of the cache"):
+        kernels.paged_decode(q, case.key_cache, case.value_cache, tables, case.seq_lens, backend="compiled")
+    with pytest.raises(TypeError, match="share one dtype"):
+        kernels.paged_decode(q.half(), case.key_cache, case.value_cache, case.block_tables, case.seq_lens)
+
+
+def test_a_failed_compilation_warns_once_and_falls_back_to_the_same_numbers(monkeypatch):
+    """No C++ compiler (simulated): the first call warns, every call gives the eager recipe's result,
+    and ``auto`` then resolves to the torch backend in this process."""
+
+    def broken(*args, **kwargs):
+        raise torch._dynamo.exc.BackendCompilerFailed("inductor", RuntimeError("no C++ compiler"), None)
+
+    monkeypatch.setattr(compiled, "_compiled", broken)
+    monkeypatch.setattr(compiled, "_failed", None)
+    case = make_paged_case([5, 12], 8, 2, 64, torch.float32)
+    q = torch.randn(2, 4, 64)
+    args = (q, case.key_cache, case.value_cache, case.block_tables, case.seq_lens)
+    with pytest.warns(RuntimeWarning, match="falls back to the eager gather"):
+        out = kernels.paged_decode(*args, backend="compiled")
+    torch.testing.assert_close(out, reference.paged_decode(*args), **TOLERANCE[torch.float32])
+    assert not compiled.available()
+    assert kernels.resolve_backend("auto", torch.device("cpu")) == "torch"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once only
+        kernels.paged_decode(*args, backend="compiled")
