@@ -105,6 +105,28 @@ def test_triton_backend_under_the_interpreter_matches_too(models, tokenizer):
     assert [o.outputs[0].token_ids for o in outputs] == expected
 
 
+def test_compiled_backend_takes_the_large_steps_and_matches_generate(models, tokenizer, monkeypatch):
+    """The default CPU backend: decode steps of at least COMPILED_MIN_POSITIONS positions run the
+    compiled in-place kernel, smaller ones the eager gather; greedy output equals transformers'."""
+    from paged_attention.engine import model_runner
+    from paged_attention.kernels import compiled
+
+    model = models["llama"]
+    prompts = [[(7 * i + j) % 500 + 3 for j in range(40 + 9 * i)] for i in range(12)]  # 40..139 tokens
+    expected = [hf_greedy(model, p, 6) for p in prompts]
+    calls = []
+    real = compiled.paged_decode
+    monkeypatch.setattr(compiled, "paged_decode", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    llm = LLM(model, tokenizer=tokenizer, block_size=16, num_kv_blocks=160)
+    runner = llm.llm_engine.runner
+    assert runner.backend == "compiled"
+    assert runner.step_backend(4, 100) == "torch" and runner.step_backend(12, 139) == "compiled"
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert calls and max(calls) == 12  # the whole batch, in place
+    assert 12 * 139 >= model_runner.COMPILED_MIN_POSITIONS
+
+
 def _serve_with_arrivals(
     engine: LLMEngine, requests: list[tuple[int, list[int], int]]
 ) -> dict[str, list[int]]:

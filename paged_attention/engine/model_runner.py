@@ -43,6 +43,9 @@ from .kv_cache import KVCache
 from .scheduler import ScheduledSequence
 
 ATTENTION_NAME = "paged_attention"
+#: Decode steps below this many positions (sequences x longest context) run eagerly: see
+#: :meth:`ModelRunner.step_backend`.
+COMPILED_MIN_POSITIONS = 1024
 
 
 @dataclass
@@ -150,6 +153,15 @@ class ModelRunner:
             self.last_prepare_seconds, self.last_forward_seconds = self._saved
         self._saved = None
 
+    def step_backend(self, num_seqs: int, max_seq_len: int) -> str:
+        """The backend of one step: the compiled in-place kernel pays from about
+        :data:`COMPILED_MIN_POSITIONS` padded positions (sequences x longest context, measured on a
+        2-core CPU: below it the eager gather is as fast, being one copy of a few blocks), so smaller
+        steps take the eager recipe, and a process whose steps stay small never pays for compiling."""
+        if self.backend == "compiled" and num_seqs * max_seq_len < COMPILED_MIN_POSITIONS:
+            return "torch"
+        return self.backend
+
     @property
     def attention_implementation(self) -> str:
         """The name transformers' layers look up in ``ALL_ATTENTION_FUNCTIONS``: ours, once set."""
@@ -182,9 +194,9 @@ class ModelRunner:
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
             decode_only=len(token_ids) == len(scheduled),
-            backend=self.backend,
+            backend=self.step_backend(len(scheduled), max(seq_lens, default=0)),
         )
-        if ctx.decode_only and self.backend in ("torch", "compiled"):
+        if ctx.decode_only and ctx.backend in ("torch", "compiled"):
             ctx.plan = kernels.plan_decode(ctx.block_tables, ctx.seq_lens, self.kv_cache.key_cache(0))
         input_ids = torch.tensor([token_ids], device=device)
         position_ids = torch.tensor([positions], device=device)
