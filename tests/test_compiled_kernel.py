@@ -124,3 +124,29 @@ def test_a_failed_compilation_warns_once_and_falls_back_to_the_same_numbers(monk
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once only
         kernels.paged_decode(*args, backend="compiled")
+
+
+def test_a_shape_past_the_recompile_limit_warns_once_and_stays_eager(monkeypatch):
+    """Dynamo refuses a compile past its recompile limit (a long test session meets many models):
+    that shape takes the eager recipe from then on, with one warning, and the same numbers."""
+    calls = []
+
+    def full(*args, **kwargs):
+        calls.append(args[0].shape)
+        raise torch._dynamo.exc.FailOnRecompileLimitHit("Hard failure due to fullgraph=True")
+
+    monkeypatch.setattr(compiled, "_compiled", full)
+    monkeypatch.setattr(compiled, "_failed", None)
+    monkeypatch.setattr(compiled, "_over_limit", set())
+    case = make_paged_case([5, 12], 8, 2, 64, torch.float32)
+    q = torch.randn(2, 4, 64)
+    args = (q, case.key_cache, case.value_cache, case.block_tables, case.seq_lens)
+    with pytest.warns(RuntimeWarning, match="dynamo's limit"):
+        out = kernels.paged_decode(*args, backend="compiled")
+    torch.testing.assert_close(out, reference.paged_decode(*args), **TOLERANCE[torch.float32])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once only, and the shape is not tried again
+        again = kernels.paged_decode(*args, backend="compiled")
+    torch.testing.assert_close(again, out)
+    assert len(calls) == 1
+    assert compiled.available()  # other shapes still compile

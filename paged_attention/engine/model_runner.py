@@ -43,9 +43,9 @@ from .kv_cache import KVCache
 from .scheduler import ScheduledSequence
 
 ATTENTION_NAME = "paged_attention"
-#: Decode steps below this many positions (sequences x longest context) run eagerly: see
-#: :meth:`ModelRunner.step_backend`.
-COMPILED_MIN_POSITIONS = 1024
+#: Decode steps that read fewer K elements per layer than this (sequences x longest context x KV
+#: heads x head size) run eagerly: see :meth:`ModelRunner.step_backend`.
+COMPILED_MIN_ELEMENTS = 2**19
 
 
 @dataclass
@@ -154,11 +154,17 @@ class ModelRunner:
         self._saved = None
 
     def step_backend(self, num_seqs: int, max_seq_len: int) -> str:
-        """The backend of one step: the compiled in-place kernel pays from about
-        :data:`COMPILED_MIN_POSITIONS` padded positions (sequences x longest context, measured on a
-        2-core CPU: below it the eager gather is as fast, being one copy of a few blocks), so smaller
-        steps take the eager recipe, and a process whose steps stay small never pays for compiling."""
-        if self.backend == "compiled" and num_seqs * max_seq_len < COMPILED_MIN_POSITIONS:
+        """The backend of one step. The compiled in-place kernel is faster at every size, but its
+        first call in a process costs seconds (compiling, or loading inductor's cache), which only a
+        step that reads much pays back: measured per layer on a 2-core CPU, SmolLM2's heads (3 KV x
+        64) at 8 x 256 padded positions save 0.1 ms, at 16 x 256 0.5 ms, at 16 x 512 5.4 ms. Steps
+        reading fewer than :data:`COMPILED_MIN_ELEMENTS` K elements per layer (SmolLM2: 2,731
+        positions; the embedded model: 8,192) take the eager gather, so a process whose steps stay
+        small (most tests, the embedded model's demo and sweeps) never compiles, and none pays the
+        compile in the middle of a timed run it cannot win back."""
+        spec = self.kv_cache.spec
+        elements = num_seqs * max_seq_len * spec.num_kv_heads * spec.head_dim
+        if self.backend == "compiled" and elements < COMPILED_MIN_ELEMENTS:
             return "torch"
         return self.backend
 

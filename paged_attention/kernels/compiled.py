@@ -21,7 +21,9 @@ table width and the cache's number of blocks dynamic, so that a growing batch ne
 The first call in a process costs seconds (importing inductor, then compiling, or loading the
 compiled code from inductor's on-disk cache, ``/tmp/torchinductor_$USER``); later calls cost a
 guard check. Where compilation cannot run (no C++ compiler), the first call says so once with a
-warning and every call falls back to the eager recipe, which gives the same numbers.
+warning and every call falls back to the eager recipe, which gives the same numbers. A process that
+meets more static shapes than :data:`RECOMPILE_LIMIT` (a test session cycling through models) gets a
+warning once, and the shapes past the limit take the eager recipe; the ones compiled stay compiled.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import torch
 _lock = threading.Lock()
 _compiled: Callable[..., torch.Tensor] | None = None
 _failed: str | None = None  # why compilation is unavailable in this process, once it has failed
+_over_limit: set[tuple[object, ...]] = set()  # shapes refused by dynamo's recompile limit: eager from then on
 
 #: Distinct static shapes one process may compile (dtype x heads x head dim x block size, and batch
 #: sizes 1 and >1, which dynamo keeps apart); torch's default of 8 is short for a test session.
@@ -102,7 +105,8 @@ def paged_decode(
 ) -> torch.Tensor:
     """:func:`decode_in_place`, compiled (no checks: the caller validated the tables once)."""
     global _failed
-    compiled = _compile() if _failed is None else None
+    shape = _shape_key(query, key_cache, blocks)
+    compiled = _compile() if _failed is None and shape not in _over_limit else None
     if compiled is None:
         return decode_in_place(query, key_cache, value_cache, blocks, seq_lens, scale)
     import torch._dynamo
@@ -113,6 +117,18 @@ def paged_decode(
             torch._dynamo.maybe_mark_dynamic(tensor, dim)
     try:
         return compiled(query, key_cache, value_cache, blocks, seq_lens, scale)
+    except torch._dynamo.exc.FailOnRecompileLimitHit:  # one shape too many: this one stays eager
+        with _lock:
+            first = not _over_limit
+            _over_limit.add(shape)
+        if first:
+            warnings.warn(
+                f"the in-place CPU attention has compiled {RECOMPILE_LIMIT} shapes in this process, dynamo's "
+                f"limit; new ones ({shape}) take the eager gather (same numbers, slower)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return decode_in_place(query, key_cache, value_cache, blocks, seq_lens, scale)
     except torch._dynamo.exc.BackendCompilerFailed as error:  # no C++ compiler, or an inductor limit
         with _lock:
             _failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
@@ -123,3 +139,19 @@ def paged_decode(
             stacklevel=2,
         )
         return decode_in_place(query, key_cache, value_cache, blocks, seq_lens, scale)
+
+
+def _shape_key(query: torch.Tensor, key_cache: torch.Tensor, blocks: torch.Tensor) -> tuple[object, ...]:
+    """What tells one compiled graph from another: the static sizes, a batch or table width of 1
+    (dynamo specializes those), and the grad mode (a guard of its own)."""
+    _, num_heads, head_dim = query.shape
+    return (
+        query.dtype,
+        num_heads,
+        key_cache.shape[2],
+        head_dim,
+        key_cache.shape[1],
+        query.shape[0] == 1,
+        blocks.shape[1] == 1,
+        torch.is_grad_enabled(),
+    )
