@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml
 # Two workers, one torch thread each (two OpenMP threads per worker would fight over two cores); a
 # file or notebook stays on one worker (--dist loadfile), the slowest first (tests/conftest.py).
 test: install
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --durations=25
 
 test-fast: install
 	$(BIN)/python -m pytest tests -m "not slow"
