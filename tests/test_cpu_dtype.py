@@ -143,7 +143,8 @@ def test_packing_a_model_keeps_its_parameters_ties_and_results():
     model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's are
     before = dict(model.named_parameters(remove_duplicate=False))
     engine = LLMEngine(model, tokenizer, num_kv_blocks=16)
-    assert engine.runner.num_packed_layers == 4 * 7 + 1  # q k v o gate up down per layer, and lm_head
+    assert engine.runner.num_merged_groups == 4 * 2  # (q, k, v) and (gate, up): one packed product each
+    assert engine.runner.num_packed_layers == 4 * 2 + 1  # o and down per layer, and lm_head
     assert all(type(m) is not torch.nn.Linear for m in model.modules())
     after = dict(model.named_parameters(remove_duplicate=False))
     assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)  # the same tensors

@@ -78,6 +78,53 @@ def student_run_overrides(nb: dict) -> dict:
     return overrides
 
 
+def may_fail(cell: dict) -> bool:
+    """An exercise or check cell of a student copy (tagged ``raises-exception``)."""
+    return "raises-exception" in cell.get("metadata", {}).get("tags", [])
+
+
+def exercise_names(cells: list[dict]) -> set[str]:
+    """The names the exercise and check cells of a notebook bind at their top level (functions,
+    classes, assignments): what a student's unfinished work leaves undefined or raising."""
+    import ast
+
+    bound: set[str] = set()
+    for cell in filter(may_fail, cells):
+        for node in ast.parse(source(cell)).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.add(node.name)
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            bound |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return bound
+
+
+def loaded_names(text: str) -> set[str]:
+    """Every name a cell reads (top-level ``await`` allowed, as in a notebook)."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:  # top-level await: parse the cell as a coroutine's body
+        tree = ast.parse("async def _cell():\n" + "\n".join("    " + line for line in text.splitlines()))
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+@pytest.mark.parametrize("path", WITH_EXERCISES, ids=lambda p: p.name)
+def test_no_other_cell_reads_what_an_exercise_defines(student: Path, path: Path) -> None:
+    """The cells around the exercises use the package's implementation, never the student's (a
+    notebook says so where it switches: "the cells from here on use the package's ..."), so an
+    unfinished exercise fails only its own cell and its check."""
+    cells = json.loads((student / path.name).read_text())["cells"]
+    bound = exercise_names(cells)
+    assert bound, f"{path.name}: its exercise cells define nothing"
+    for index, cell in enumerate(cells):
+        if cell["cell_type"] == "code" and not may_fail(cell):
+            used = loaded_names(source(cell)) & bound
+            assert not used, (
+                f"{path.name} cell {index} reads {sorted(used)}, which a student's exercise defines"
+            )
+
+
 @pytest.mark.parametrize("path", WITH_EXERCISES, ids=lambda p: p.name)
 def test_the_student_notebook_runs_top_to_bottom(
     student: Path, path: Path, monkeypatch: pytest.MonkeyPatch
@@ -85,26 +132,37 @@ def test_the_student_notebook_runs_top_to_bottom(
     """Only the exercise and check cells (tagged ``raises-exception``) may fail; every other cell
     must run, so a student can "Run All" before finishing anything.
 
-    The kernel runs torch on one thread: this run checks that cells run, not how fast, and on a
-    two-core machine beside another busy process two OpenMP threads spin-wait (DESIGN.md); 08's
-    student run took 272 s so and 47 s on one thread, on the same loaded machine."""
+    The run stops after the last exercise or check cell: no later cell reads what an exercise
+    defines (:func:`test_no_other_cell_reads_what_an_exercise_defines`), so the rest runs as in
+    the instructor copy, which nbval runs whole. The kernel runs torch on one thread: this run
+    checks that cells run, not how fast, and on a two-core machine beside another busy process two
+    OpenMP threads spin-wait (DESIGN.md); 08's student run took 272 s so and 47 s on one thread,
+    on the same loaded machine."""
     nbformat = pytest.importorskip("nbformat")
     from nbclient import NotebookClient
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the kernel inherits it
 
     nb = nbformat.read(student / path.name, as_version=4)
+    allowed = [
+        i for i, c in enumerate(nb.cells) if "raises-exception" in c.get("metadata", {}).get("tags", [])
+    ]
+    nb.cells = nb.cells[: max(allowed) + 1]
     overrides = student_run_overrides(nb)
     if overrides:
         index = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
-        source = "\n".join(f"{key} = {value!r}" for key, value in overrides.items())
-        nb.cells.insert(index + 1, nbformat.v4.new_code_cell(source))
+        source_text = "\n".join(f"{key} = {value!r}" for key, value in overrides.items())
+        nb.cells.insert(index + 1, nbformat.v4.new_code_cell(source_text))
     resources = {"metadata": {"path": str(path.parent)}}
     NotebookClient(nb, timeout=600, kernel_name="python3", resources=resources).execute()
     cells = list(enumerate(nb.cells))
-    failed = [i for i, c in cells if any(o.get("output_type") == "error" for o in c.get("outputs", []))]
-    allowed = [i for i, c in cells if "raises-exception" in c.get("metadata", {}).get("tags", [])]
-    assert set(failed) <= set(allowed)
+    failed = {
+        source(c) for i, c in cells if any(o.get("output_type") == "error" for o in c.get("outputs", []))
+    }
+    allowed_sources = {
+        source(c) for c in nb.cells if "raises-exception" in c.get("metadata", {}).get("tags", [])
+    }
+    assert failed <= allowed_sources, sorted(failed - allowed_sources)
     assert json.dumps(nb)  # still a valid notebook
 
 

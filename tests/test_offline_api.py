@@ -169,7 +169,19 @@ def test_num_cached_tokens_counts_the_prefix_cache_hit(llm) -> None:
 
 def test_an_interrupted_generate_leaves_nothing_of_its_own_behind() -> None:
     """SIGINT at random times, while generate is still adding its prompts or already serving
-    them: afterwards the engine serves nothing of that call and holds no block."""
+    them: afterwards the engine serves nothing of that call and holds no block.
+
+    Python's own SIGINT handler is installed for the test (and the previous one put back after):
+    a test run earlier in the same worker may leave another (an event loop's, which cancels a task
+    instead of raising), and what is tested is generate under a KeyboardInterrupt, as in a notebook."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupt_generate_at_random_times()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt_generate_at_random_times() -> None:
     llm = LLM(num_kv_blocks=64, block_size=4)
     engine = llm.llm_engine
     rng = random.Random(0)

@@ -38,6 +38,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .. import kernels
 from ..kernels.layout import pad_block_ids
+from ..models.merged_projections import merge_projections
 from ..models.packed_linear import pack_linear_layers
 from .kv_cache import KVCache
 from .scheduler import ScheduledSequence
@@ -134,8 +135,11 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.backend = kernels.resolve_backend(backend, self.device)
         model.set_attn_implementation(ATTENTION_NAME)
-        #: bfloat16 linear layers on a CPU get their weights packed once (:mod:`..models.packed_linear`)
-        self.num_packed_layers = pack_linear_layers(model) if self.device.type == "cpu" else 0
+        #: Q/K/V and gate/up become one product each (:mod:`..models.merged_projections`), then the
+        #: other bfloat16 linear layers on a CPU get their weights packed once (:mod:`..models.packed_linear`)
+        on_cpu = self.device.type == "cpu"
+        self.num_merged_groups = merge_projections(model) if on_cpu else 0
+        self.num_packed_layers = pack_linear_layers(model) if on_cpu else 0
         self.base_model = model.base_model
         self.lm_head = model.get_output_embeddings()
         self.last_prepare_seconds = self.last_forward_seconds = 0.0  # timings of the latest step

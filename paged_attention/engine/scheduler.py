@@ -226,7 +226,8 @@ class Scheduler:
             # Drafted tokens ride along a decode step when the budget and free memory allow; they
             # never cost anyone a preemption (without them the step still makes its one token).
             drafts = tuple(seq.draft_token_ids[: budget - 1]) if n == seq.num_uncomputed_tokens == 1 else ()
-            drafts = drafts[: self._draft_room(seq, len(drafts), len(self.running) - index - 1)]
+            if drafts:
+                drafts = drafts[: self._draft_room(seq, len(drafts), len(self.running) - index - 1)]
             allocation = self.cache_manager.allocate_slots(seq, n, len(drafts)) if drafts else None
             if allocation is None:
                 drafts = ()

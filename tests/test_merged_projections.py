@@ -1,0 +1,110 @@
+"""Q/K/V and gate/up merged into one product each (:mod:`paged_attention.models.merged_projections`):
+the same parameters, bit-identical results, in any call order, following changes to the weights."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+from paged_attention.models import merged_projections
+from paged_attention.models.merged_projections import MergedMember, merge_projections, unmerge_projections
+
+
+def small_model(kind: str = "llama", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=100)  # fmt: skip
+    config = LlamaConfig(**shape) if kind == "llama" else Qwen2Config(**shape)  # Qwen2: Q/K/V with biases
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+
+
+@pytest.mark.parametrize(("kind", "dtype"), [("llama", torch.float32), ("llama", torch.bfloat16), ("qwen2", torch.float32)])
+def test_merging_keeps_the_parameters_and_the_logits_bit_for_bit(kind, dtype):
+    model = small_model(kind, dtype)
+    ids = torch.randint(0, 100, (1, 9))
+    with torch.inference_mode():
+        before_logits = model(ids).logits
+    before = dict(model.named_parameters())
+    values = {k: v.detach().clone() for k, v in before.items()}
+    assert merge_projections(model) == 2 * 2  # (q, k, v) and (gate, up) in each of 2 layers
+    after = dict(model.named_parameters())
+    assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)  # the same objects
+    assert all(torch.equal(after[k], values[k]) for k in values)
+    attention = model.model.layers[0].self_attn
+    assert isinstance(attention.q_proj, MergedMember) and isinstance(attention.q_proj, torch.nn.Linear)
+    group = attention.q_proj.group
+    assert attention.k_proj.weight.untyped_storage().data_ptr() == group.weight.untyped_storage().data_ptr()
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, before_logits)
+    assert merge_projections(model) == 0  # nothing left to merge
+
+
+def test_any_call_order_and_any_input_gives_each_layer_its_own_product():
+    model = small_model()
+    merge_projections(model)
+    attention = model.model.layers[1].self_attn
+    x, y = torch.randn(5, 64), torch.randn(5, 64)
+    with torch.inference_mode():
+        assert torch.equal(attention.v_proj(x), F.linear(x, attention.v_proj.weight))  # v first
+        assert torch.equal(attention.k_proj(y), F.linear(y, attention.k_proj.weight))  # another input
+        assert torch.equal(attention.q_proj(x), F.linear(x, attention.q_proj.weight))
+        assert torch.equal(attention.v_proj(x), F.linear(x, attention.v_proj.weight))  # v again, same x
+        for layer in (attention.q_proj, attention.k_proj, attention.v_proj):  # the usual order
+            assert torch.equal(layer(x), F.linear(x, layer.weight))
+        assert attention.q_proj.group._input is None  # every slice taken: nothing held
+
+
+def test_a_changed_or_replaced_weight_is_followed():
+    model = small_model()
+    merge_projections(model)
+    mlp = model.model.layers[0].mlp
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        mlp.up_proj.weight.mul_(2)  # in place, through the layer's own parameter
+    mlp.gate_proj.weight = torch.nn.Parameter(torch.randn(128, 64))  # replaced
+    with torch.inference_mode():
+        assert torch.equal(mlp.up_proj(x), F.linear(x, mlp.up_proj.weight))
+        assert torch.equal(mlp.gate_proj(x), F.linear(x, mlp.gate_proj.weight))
+
+
+def test_with_autograd_each_layer_is_an_ordinary_product():
+    model = small_model()
+    merge_projections(model)
+    layer = model.model.layers[0].self_attn.k_proj
+    x = torch.randn(2, 64, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None
+
+
+def test_unmerging_gives_back_independent_linear_layers():
+    model = small_model("qwen2")
+    ids = torch.randint(0, 100, (1, 6))
+    with torch.inference_mode():
+        expected = model(ids).logits
+    merge_projections(model)
+    q = model.model.layers[0].self_attn.q_proj.weight
+    assert unmerge_projections(model) == 2 * 5
+    assert all(type(m) is not MergedMember for m in model.modules())
+    assert model.model.layers[0].self_attn.q_proj.weight is q  # the same parameter, its own storage now
+    copy.deepcopy(model)
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, expected)
+
+
+def test_a_group_whose_merged_product_differs_is_left_alone(monkeypatch):
+    monkeypatch.setattr(merged_projections, "_agrees", lambda linears: False)
+    model = small_model()
+    assert merge_projections(model) == 0
+    assert all(type(m) is not MergedMember for m in model.modules())
+
+
+def test_the_engine_merges_the_model_it_is_given():
+    from paged_attention import LLMEngine
+
+    engine = LLMEngine(num_kv_blocks=16)
+    layers = engine.model.config.num_hidden_layers
+    assert engine.runner.num_merged_groups == 2 * layers
