@@ -22,7 +22,10 @@ def small_model(kind: str = "llama", dtype: torch.dtype = torch.float32) -> torc
     return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
 
 
-@pytest.mark.parametrize(("kind", "dtype"), [("llama", torch.float32), ("llama", torch.bfloat16), ("qwen2", torch.float32)])
+CASES = [("llama", torch.float32), ("llama", torch.bfloat16), ("qwen2", torch.float32)]
+
+
+@pytest.mark.parametrize(("kind", "dtype"), CASES)
 def test_merging_keeps_the_parameters_and_the_logits_bit_for_bit(kind, dtype):
     model = small_model(kind, dtype)
     ids = torch.randint(0, 100, (1, 9))

@@ -44,7 +44,7 @@ def spec(model: str, dtype: str, prompts: list[dict], max_tokens: int) -> dict[s
         "name": "throughput",
         "kind": "throughput",
         "prompts": prompts,
-        "warmup": prompts[:8],  # 8 prompts: a decode batch large enough to compile the in-place kernel
+        "warmup": prompts[:16],  # a decode batch that reads enough to compile the in-place kernel
         "params": params,
     }
     return {

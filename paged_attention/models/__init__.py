@@ -10,8 +10,8 @@
     merged_projections  Q/K/V and gate/up as one product each (the engine merges them)
 
 The engine imports only :func:`resolve_model`, :func:`eos_token_ids`, :func:`serving_length` and
-:func:`.packed_linear.pack_linear_layers` and :func:`.merged_projections.merge_projections` from here; fetching, verifying and converting
-checkpoints is for ``make install`` and the commands.
+:func:`.packed_linear.pack_linear_layers` and :func:`.merged_projections.merge_projections`
+from here; fetching, verifying and converting checkpoints is for ``make install`` and the commands.
 """
 
 from .resolve import (
