@@ -111,3 +111,14 @@ def test_the_engine_merges_the_model_it_is_given():
     engine = LLMEngine(num_kv_blocks=16)
     layers = engine.model.config.num_hidden_layers
     assert engine.runner.num_merged_groups == 2 * layers
+
+
+def test_a_merged_model_moved_to_another_dtype_follows():
+    model = small_model(dtype=torch.bfloat16)
+    merge_projections(model)
+    model.to(torch.float32)  # every parameter gets new storage: the group notices and rebuilds
+    q = model.model.layers[0].self_attn.q_proj
+    x = torch.randn(2, 64)
+    with torch.inference_mode():
+        assert torch.equal(q(x), F.linear(x, q.weight))
+    assert q.group.weight.dtype == torch.float32 and q.group.packed is None

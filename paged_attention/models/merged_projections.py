@@ -20,7 +20,8 @@ product equals the separate ``F.linear`` products bit for bit on probe inputs (c
 shape and dtype when merging), so token-for-token agreement with transformers is kept. bfloat16
 products on a CPU use the merged weight packed for oneDNN (:mod:`.packed_linear`), repacked when
 the weights change. With autograd on, every member is an ordinary ``F.linear`` on its view.
-:func:`unmerge_projections` gives each layer back an independent ``nn.Linear``.
+:func:`unmerge_projections` gives each layer back an independent ``nn.Linear``: call it before
+``save_pretrained`` (safetensors refuses parameters that share one storage).
 """
 
 from __future__ import annotations
@@ -40,8 +41,7 @@ class MergedProduct:
     def __init__(self, layers: list[torch.nn.Linear]) -> None:
         self.layers = layers
         self.sizes = [layer.out_features for layer in layers]
-        first = layers[0].weight
-        self.pack = first.dtype == torch.bfloat16 and first.device.type == "cpu" and packing_available()
+        self.pack = False
         self.weight = self.bias = self.packed = None  # type: torch.Tensor | None
         self.state: tuple[object, ...] = ()
         self._input: torch.Tensor | None = None
@@ -64,7 +64,9 @@ class MergedProduct:
                 if layer.bias is not None:
                     layer.bias.data = self.bias[rows]
                 start += size
-        self.packed = pack_weight(self.weight) if self.pack else None
+        weight = self.weight
+        self.pack = weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and packing_available()
+        self.packed = pack_weight(weight) if self.pack else None  # after .to(...), per the new device
         self.state = self._state()
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
