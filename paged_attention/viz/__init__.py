@@ -33,13 +33,14 @@ from . import (
     style,
     tables,
 )
-from .style import figures_dir, repo_root, save, stored_results
+from .style import figures_dir, measured_on, repo_root, save, stored_results
 
 __all__ = [
     "diagrams",
     "dtypes",
     "figures_dir",
     "kernels",
+    "measured_on",
     "memory",
     "memory_map",
     "paper",

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from ..experiments.paper import FIG2_CATEGORIES, FIG2_PAGED_UNSPLIT, LABELS, MANAGERS
-from .style import FIG2_COLORS, SEQUENCE_COLORS, manager_color
+from .style import FIG2_COLORS, SEQUENCE_COLORS, manager_color, measured_on
 
 UNSPLIT_COLOR = "#a0aec0"  # a share the paper reports without splitting it into categories
 FREE_COLOR = "#fbe3c4"  # free memory, drawn apart from external fragmentation (a paler FIG2_COLORS[3])
@@ -282,5 +282,6 @@ def throughput_figure(payload: dict) -> Figure:
     return throughput_comparison(
         {LABELS[c]: v for c, v in payload["tokens_per_s"].items()},
         {LABELS[c]: (t["seconds"], t["batch"]) for c, t in payload["timeline"].items()},
-        title=f"Embedded model on this CPU, {payload['setup']['kv_slots']} KV slots for every manager",
+        title=f"Embedded model on {measured_on(payload)}, "
+        f"{payload['setup']['kv_slots']} KV slots for every manager",
     )

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from ..experiments.paper import LABELS
-from .style import MANAGER_COLORS
+from .style import MANAGER_COLORS, measured_on
 
 
 def serve_sweep_figure(payload: dict, title: str | None = None) -> Figure:
@@ -43,7 +43,7 @@ def serve_sweep_figure(payload: dict, title: str | None = None) -> Figure:
     setup = payload.get("setup", {})
     fig.suptitle(
         title
-        or f"Measured through the server: {setup.get('model', '?')} on this CPU, "
+        or f"Measured through the server: {setup.get('model', '?')} on {measured_on(payload)}, "
         f"{setup.get('num_kv_blocks', '?')} KV blocks for every manager, "
         f"ShareGPT-like lengths x {setup.get('length_scale', '?')}",
         fontsize=10,

@@ -76,6 +76,13 @@ def stored_results(name: str) -> dict:
     return json.loads(path.read_text())
 
 
+def measured_on(payload: dict) -> str:
+    """Where a result was measured: its stored ``machine`` ("AMD EPYC, 2 cores"), or "this CPU" for a
+    run just made in this process (which carries none). A stored result is never "this CPU": the
+    machine that reads it may not be the one that made it."""
+    return str(payload.get("machine") or "this CPU")
+
+
 def save(fig: Figure, name: str, folder: Path | None = None) -> None:
     """Save ``fig`` as ``figures/<name>.png``, or ``<folder>/<name>.png`` (no software tag, so reruns
     are byte-stable).

@@ -57,4 +57,5 @@ def main(args: list[str] | None = None) -> None:
         for c in payload["tokens_per_s"]
     ]  # fmt: skip
     print(table(rows, ["manager", "output tok/s", "mean batch", "steps", "paged is", "same tokens"]))
-    write_results("throughput", {**payload, **provenance()}, throughput_figure(payload), opts.out)
+    stored = {**payload, **provenance()}
+    write_results("throughput", stored, throughput_figure(stored), opts.out)
