@@ -68,6 +68,13 @@ def serving_block(folder: Path | None = None) -> str:
         f"{o['offline']['first_token_mean_s'] * 1000:.1f} ms offline "
         f"(**{o['ttft_difference_s'] * 1000:+.1f} ms**)."
     )
+    if o["throughput_ratio"] > 1 or o["ttft_difference_s"] < 0:
+        lines.append(
+            "A ratio above 1 or a negative difference means the run through the server was the faster: "
+            "the server's engine ran in a process of its own, its client on the other core, and the two "
+            "runs were made one after the other, so a few percent either way is this machine's "
+            "run-to-run noise, not a server faster than its engine."
+        )
     return "\n".join(lines) + "\n"
 
 
