@@ -76,7 +76,11 @@ ANSWERS = {
     ),
     "10.ngram": (
         spec.propose_drafts_right,
-        [spec.propose_drafts_last_occurrence, spec.propose_drafts_shortest_first],
+        [
+            spec.propose_drafts_last_occurrence,
+            spec.propose_drafts_shortest_first,
+            spec.propose_drafts_without_overlap,
+        ],
     ),
     "10.verify": (
         spec.accept_drafts_right,
@@ -138,6 +142,7 @@ def test_the_packages_own_load_code_passes_the_load_checks() -> None:
         ("09.arrivals", load.arrival_times_two_values, "Kolmogorov-Smirnov"),
         ("10.ngram", spec.propose_drafts_last_occurrence, "the first (earliest) occurrence"),
         ("10.ngram", spec.propose_drafts_shortest_first, "try the longest n first"),
+        ("10.ngram", spec.propose_drafts_without_overlap, "may overlap the last n tokens"),
         ("10.verify", spec.accept_drafts_resample_full, "draw from p WITHOUT the draft"),
         ("10.verify", spec.accept_drafts_no_bonus, "then append the argmax"),
         ("02.free_queue", memory.FreeQueueKeepsLinks, "a block out of the queue has no links"),

@@ -35,6 +35,16 @@ def _last_occurrence(tokens: list[int], low: int, high: int, k: int) -> list[int
     return []
 
 
+def _without_overlap(tokens: list[int], low: int, high: int, k: int) -> list[int]:
+    """The package's rule, but an earlier occurrence may not overlap the suffix itself."""
+    for n in range(min(high, len(tokens) - 1), low - 1, -1):
+        suffix = tokens[len(tokens) - n :]
+        for start in range(len(tokens) - 2 * n + 1):
+            if tokens[start : start + n] == suffix and tokens[start + n : start + n + k]:
+                return tokens[start + n : start + n + k]
+    return []
+
+
 def _shortest_first(tokens: list[int], low: int, high: int, k: int) -> list[int]:
     for n in range(low, min(high, len(tokens) - 1) + 1):
         got = propose(tokens, n, n, k)
@@ -75,6 +85,11 @@ def ngram(student: Student, seed: int = 0, thorough: bool = False) -> int:
             hint = "at most k drafts"
         elif got == _last_occurrence(tokens, low, high, k) != want:
             hint = "take the first (earliest) occurrence of the n-gram, as vLLM does"
+        elif got == _without_overlap(tokens, low, high, k) != want:
+            hint = (
+                "an earlier occurrence may overlap the last n tokens themselves: in 5 5 5 5 the last "
+                "three tokens also occur at position 0, followed by one 5"
+            )
         elif got == _shortest_first(tokens, low, high, k) != want:
             hint = "try the longest n first (max_n down to min_n): a longer match is a better guess"
         expect(case, want, got, hint)

@@ -41,6 +41,18 @@ def propose_drafts_shortest_first(token_ids, min_n, max_n, k):
     return []
 
 
+def propose_drafts_without_overlap(token_ids, min_n, max_n, k):
+    tokens = list(token_ids)
+    for n in range(max_n, min_n - 1, -1):
+        if k <= 0 or n >= len(tokens):
+            continue
+        tail = tokens[-n:]
+        for start in range(len(tokens) - 2 * n + 1):  # an occurrence that ends before the tail starts
+            if tokens[start : start + n] == tail:
+                return tokens[start + n : start + n + k]
+    return []
+
+
 def accept_drafts_right(drafts, probs, generator, greedy):
     out = []
     for i, draft in enumerate(drafts):
