@@ -104,6 +104,12 @@ def test_auto_is_the_compiled_kernel_on_a_cpu_and_bad_input_errors_are_the_refer
         kernels.paged_decode(q.half(), case.key_cache, case.value_cache, case.block_tables, case.seq_lens)
 
 
+def small_decode_args() -> tuple[torch.Tensor, ...]:
+    """A two-sequence float32 decode batch: (query, key_cache, value_cache, block_tables, seq_lens)."""
+    case = make_paged_case([5, 12], 8, 2, 64, torch.float32)
+    return torch.randn(2, 4, 64), case.key_cache, case.value_cache, case.block_tables, case.seq_lens
+
+
 def test_a_failed_compilation_warns_once_and_falls_back_to_the_same_numbers(monkeypatch):
     """No C++ compiler (simulated): the first call warns, every call gives the eager recipe's result,
     and ``auto`` then resolves to the torch backend in this process."""
@@ -113,9 +119,7 @@ def test_a_failed_compilation_warns_once_and_falls_back_to_the_same_numbers(monk
 
     monkeypatch.setattr(compiled, "_compiled", broken)
     monkeypatch.setattr(compiled, "_failed", None)
-    case = make_paged_case([5, 12], 8, 2, 64, torch.float32)
-    q = torch.randn(2, 4, 64)
-    args = (q, case.key_cache, case.value_cache, case.block_tables, case.seq_lens)
+    args = small_decode_args()
     with pytest.warns(RuntimeWarning, match="falls back to the eager gather"):
         out = kernels.paged_decode(*args, backend="compiled")
     torch.testing.assert_close(out, reference.paged_decode(*args), **TOLERANCE[torch.float32])
@@ -138,9 +142,7 @@ def test_a_shape_past_the_recompile_limit_warns_once_and_stays_eager(monkeypatch
     monkeypatch.setattr(compiled, "_compiled", full)
     monkeypatch.setattr(compiled, "_failed", None)
     monkeypatch.setattr(compiled, "_over_limit", set())
-    case = make_paged_case([5, 12], 8, 2, 64, torch.float32)
-    q = torch.randn(2, 4, 64)
-    args = (q, case.key_cache, case.value_cache, case.block_tables, case.seq_lens)
+    args = small_decode_args()
     with pytest.warns(RuntimeWarning, match="dynamo's limit"):
         out = kernels.paged_decode(*args, backend="compiled")
     torch.testing.assert_close(out, reference.paged_decode(*args), **TOLERANCE[torch.float32])

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .packed_linear import pack_weight, packed_product, packing_available
+from .packed_linear import pack_weight, packed_product, packing_available, replace_layers, weight_state
 
 #: The groups merged, by attribute names of one parent module (transformers' Llama-family names).
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -51,7 +51,7 @@ class MergedProduct:
     def _state(self) -> tuple[object, ...]:
         """What identifies the members' values: each parameter, its storage and its version."""
         params = [p for layer in self.layers for p in (layer.weight, layer.bias) if p is not None]
-        return tuple((id(p), p.data_ptr(), _version(p)) for p in params)
+        return tuple(weight_state(p) for p in params)
 
     def rebuild(self) -> None:
         """Concatenate the members' current parameters and make each one a view of its rows."""
@@ -155,21 +155,7 @@ def merge_projections(model: torch.nn.Module) -> int:
 def unmerge_projections(model: torch.nn.Module) -> int:
     """Undo :func:`merge_projections`: each member back to an independent ``nn.Linear`` (copies of
     its parameters). Returns how many layers were unmerged."""
-    targets = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if isinstance(child, MergedMember)
-    ]
-    for parent, name, child in targets:
-        setattr(parent, name, child.unmerged())
-    return len(targets)
-
-
-def _version(weight: torch.Tensor) -> int:
-    """The weight's version counter (bumped by every in-place change); an inference tensor has
-    none, and is never changed in place outside inference mode."""
-    return -2 if weight.is_inference() else weight._version
+    return replace_layers(model, MergedMember, lambda member: member.unmerged())
 
 
 def _mergeable(layers: list[object]) -> bool:

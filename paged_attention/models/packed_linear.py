@@ -25,6 +25,8 @@ the model it is given in place, so call :func:`unpack_linear_layers` before savi
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -65,9 +67,7 @@ class PackedLinear(torch.nn.Linear):
         self._repack()
 
     def _state(self) -> tuple[int, int, int | None]:
-        """What identifies the weight's values: the tensor, its storage, its version (if tracked)."""
-        weight = self.weight
-        return id(weight), weight.data_ptr(), None if weight.is_inference() else weight._version
+        return weight_state(self.weight)
 
     def _repack(self) -> None:
         self.packed = pack_weight(self.weight)
@@ -116,14 +116,26 @@ def pack_linear_layers(model: torch.nn.Module) -> int:
 def unpack_linear_layers(model: torch.nn.Module) -> int:
     """Undo :func:`pack_linear_layers`: every :class:`PackedLinear` back to an ``nn.Linear`` with
     the same parameters (so the model can be copied or saved). Returns how many were unpacked."""
+    return replace_layers(model, PackedLinear, lambda layer: layer.unpacked())
+
+
+def weight_state(weight: torch.Tensor) -> tuple[int, int, int | None]:
+    """What identifies a weight's values: the tensor, its storage, its version counter (which every
+    in-place change bumps; an inference tensor has none)."""
+    return id(weight), weight.data_ptr(), None if weight.is_inference() else weight._version
+
+
+def replace_layers(model: torch.nn.Module, kind: type, convert: Callable[[Any], torch.nn.Module]) -> int:
+    """Replace every submodule of type ``kind`` (subclasses too) by ``convert(it)``, in place;
+    returns how many were replaced."""
     targets = [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if isinstance(child, PackedLinear)
+        if isinstance(child, kind)
     ]
     for parent, name, child in targets:
-        setattr(parent, name, child.unpacked())
+        setattr(parent, name, convert(child))
     return len(targets)
 
 
