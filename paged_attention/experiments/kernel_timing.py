@@ -42,15 +42,26 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 
 @dataclass(frozen=True)
 class BandwidthRow:
+    """One contender at one (batch, context): ``seconds`` per call as a caller sees it (host-side
+    checks and launches included), ``device_seconds`` the GPU's own busy time per call (kernels and
+    copies, from the profiler; ``None`` on a CPU)."""
+
     method: str
     batch: int
     context: int
     seconds: float
     kv_bytes: int
+    device_seconds: float | None = None
 
     @property
     def bytes_per_second(self) -> float:
+        """KV bytes per second of a whole call."""
         return self.kv_bytes / self.seconds
+
+    @property
+    def kernel_bytes_per_second(self) -> float:
+        """KV bytes per second of the GPU's busy time (of the call's where none was measured)."""
+        return self.kv_bytes / (self.device_seconds or self.seconds)
 
 
 def hbm_peak(device: torch.device) -> float | None:
@@ -122,6 +133,21 @@ def _timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
     return cpu_time
 
 
+def device_seconds(fn: Callable[[], object], calls: int = 20) -> float:
+    """The GPU's busy time per call of ``fn`` (every kernel and copy it launches), from torch's
+    profiler: what the kernels cost without the host's checks, syncs and launch latency."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    busy_us = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
+    return busy_us / 1e6 / calls
+
+
 def _methods(batch: int, context: int, device: torch.device) -> tuple[dict[str, Callable[[], object]], int]:
     """The contenders for one (batch, context), over one bf16 cache; returns them and the KV bytes."""
     blocks_per_seq = context // BLOCK_SIZE
@@ -166,7 +192,10 @@ def measure_bandwidth(
         if batch * context > max_tokens:
             continue
         methods, kv_bytes = _methods(batch, context, device)
-        rows += [BandwidthRow(name, batch, context, timer(fn), kv_bytes) for name, fn in methods.items()]
+        for name, fn in methods.items():
+            seconds = timer(fn)  # first: a profiler session leaves launches slower for a while
+            busy = device_seconds(fn) if device.type == "cuda" else None
+            rows.append(BandwidthRow(name, batch, context, seconds, kv_bytes, busy))
         del methods
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -177,13 +206,27 @@ def payload(
     device_name: str, smoke: bool, peak: float | None, correct: tuple[int, int], rows: list[BandwidthRow]
 ) -> dict:
     """The results as JSON-ready data: the device, the correctness count, the shape and every row."""
+    import triton
+
     return {
         "device": device_name,
+        "date": time.strftime("%Y-%m-%d"),
+        "software": f"torch {torch.__version__}, triton {triton.__version__}",
         "smoke": smoke,
         "hbm_peak_bytes_per_second": peak,
         "correct": list(correct),
         "shape": dict(
             num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, block_size=BLOCK_SIZE
         ),
-        "rows": [asdict(r) | {"bytes_per_second": r.bytes_per_second} for r in rows],
+        "rows": [
+            asdict(r)
+            | {"bytes_per_second": r.bytes_per_second, "kernel_bytes_per_second": r.kernel_bytes_per_second}
+            for r in rows
+        ],
     }
+
+
+def rows_from_payload(payload: dict) -> list[BandwidthRow]:
+    """The rows of a stored :func:`payload` (its derived ``bytes_per_second`` recomputed)."""
+    names = ("method", "batch", "context", "seconds", "kv_bytes", "device_seconds")
+    return [BandwidthRow(**{n: row[n] for n in names if n in row}) for row in payload["rows"]]

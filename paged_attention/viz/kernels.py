@@ -164,7 +164,8 @@ def split_k_partitions(seq_len: int, partition_size: int, tile: int, title: str 
 
 
 def kernel_bandwidth(rows: Sequence[BandwidthRow], peak: float | None, title: str) -> Figure:
-    """Decode-kernel bandwidth (KV bytes read / s) per method against batch size, one panel per context.
+    """Decode-kernel bandwidth (KV bytes read / GPU busy time) per method against batch size, one
+    panel per context.
 
     ``rows`` are :class:`paged_attention.experiments.kernel_timing.BandwidthRow`; ``peak`` (bytes/s) draws
     the HBM peak as a dashed line when the GPU is known.
@@ -175,7 +176,7 @@ def kernel_bandwidth(rows: Sequence[BandwidthRow], peak: float | None, title: st
     for ax, context in zip(axes[0], contexts, strict=True):
         for i, method in enumerate(methods):
             pts = sorted(
-                (r.batch, r.kv_bytes / r.seconds / 1e9)
+                (r.batch, r.kernel_bytes_per_second / 1e9)
                 for r in rows
                 if r.context == context and r.method == method
             )
@@ -187,7 +188,7 @@ def kernel_bandwidth(rows: Sequence[BandwidthRow], peak: float | None, title: st
         ax.set_title(f"context {context:,}", fontsize=9)
         ax.set_xlabel("batch (sequences)")
         ax.spines[["top", "right"]].set_visible(False)
-    axes[0][0].set_ylabel("KV bytes read / time (GB/s)")
+    axes[0][0].set_ylabel("KV bytes read / GPU time (GB/s)")
     axes[0][-1].legend(fontsize=7)
     fig.suptitle(f"Paged decode bandwidth: {title}", fontsize=10)
     fig.tight_layout()
@@ -195,14 +196,31 @@ def kernel_bandwidth(rows: Sequence[BandwidthRow], peak: float | None, title: st
 
 
 def bandwidth_table(rows: Sequence[BandwidthRow], peak: float | None) -> str:
-    """The same rows as text: GB/s, share of the HBM ``peak`` (bytes/s, when known) and time against
-    the ``contiguous`` row of the same batch and context."""
+    """The same rows as text: the GPU's time per call and its bandwidth (KV bytes / GPU busy time),
+    its share of the HBM ``peak`` (bytes/s, when known), the time against the ``contiguous`` row of
+    the same batch and context, and the whole call's time as a caller sees it (host checks and
+    launches included; on a CPU the only time there is)."""
     by_key = {(r.method, r.batch, r.context): r for r in rows}
-    lines = [f"{'batch':>6} {'context':>8} {'method':>11} {'GB/s':>9} {'% peak':>7} {'vs contiguous':>14}"]
+    on_gpu = any(r.device_seconds for r in rows)
+    head = (
+        "batch",
+        "context",
+        "method",
+        "GPU us" if on_gpu else "us",
+        "GB/s",
+        "% peak",
+        "vs contiguous",
+        "call us",
+    )
+    lines = ["{:>6} {:>8} {:>11} {:>9} {:>8} {:>7} {:>14} {:>9}".format(*head)]
     for r in rows:
         base = by_key.get(("contiguous", r.batch, r.context))
-        ratio = f"{r.seconds / base.seconds:.3f}x" if base else ""
-        pct = f"{100 * r.bytes_per_second / peak:.0f}%" if peak else "-"
-        gbps = r.bytes_per_second / 1e9
-        lines.append(f"{r.batch:>6} {r.context:>8} {r.method:>11} {gbps:>9.1f} {pct:>7} {ratio:>14}")
+        busy = r.device_seconds or r.seconds
+        ratio = f"{busy / (base.device_seconds or base.seconds):.3f}x" if base else ""
+        pct = f"{100 * r.kernel_bytes_per_second / peak:.0f}%" if peak else "-"
+        gbps = r.kernel_bytes_per_second / 1e9
+        lines.append(
+            f"{r.batch:>6} {r.context:>8} {r.method:>11} {busy * 1e6:>9.1f} {gbps:>8.1f} {pct:>7} "
+            f"{ratio:>14} {r.seconds * 1e6:>9.1f}"
+        )
     return "\n".join(lines)

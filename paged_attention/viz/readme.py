@@ -151,10 +151,54 @@ def peer_block(folder: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kernel_block(folder: Path | None = None) -> str:
+    """``bench kernel`` on a GPU: the paged decode kernel's bandwidth beside the same kernel over
+    pages in order and beside ``scaled_dot_product_attention`` over contiguous K/V (GPU busy time)."""
+    r = readme_results.load("kernel_bandwidth", folder)
+    rows = {(x["method"], x["batch"], x["context"]): x for x in r["rows"]}
+    peak, shape = r["hbm_peak_bytes_per_second"], r["shape"]
+    paged = [x for x in r["rows"] if x["method"] == "paged"]
+
+    def time_against(x: dict, method: str) -> float:
+        return x["device_seconds"] / rows[method, x["batch"], x["context"]]["device_seconds"]
+
+    ratios = [time_against(x, "contiguous") for x in paged]
+    passed, total = r["correct"]
+    when = f"{r.get('date', 'date not recorded')}, {r.get('software', 'versions not recorded')}"
+    lines = [
+        f"`python -m paged_attention bench kernel` on an {r['device']} ({when}): {passed} of {total} "
+        f"kernel runs agree with the PyTorch reference. A Llama-3-8B layer's decode ({shape['num_heads']} "
+        f"query heads over {shape['num_kv_heads']} KV heads of {shape['head_dim']}, bfloat16, blocks of "
+        f"{shape['block_size']} tokens); bandwidth is KV bytes read / GPU busy time (torch's profiler):",
+        "",
+        "| batch | context | paged GB/s | % of HBM peak | paged / pages in order | SDPA GB/s "
+        "| paged / SDPA time |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for x in paged:
+        if x["batch"] not in (1, 8, 64, 256) or x["context"] not in (2048, 8192, 32768):
+            continue
+        sdpa = rows["sdpa", x["batch"], x["context"]]
+        pct = f"{100 * x['kernel_bytes_per_second'] / peak:.0f}%" if peak else "-"
+        lines.append(
+            f"| {x['batch']} | {x['context']:,} | {x['kernel_bytes_per_second'] / 1e9:,.0f} | {pct} | "
+            f"{time_against(x, 'contiguous'):.3f}x | {sdpa['kernel_bytes_per_second'] / 1e9:,.0f} | "
+            f"{time_against(x, 'sdpa'):.2f}x |"
+        )
+    lines += [
+        "",
+        f"Over all {len(paged)} sizes, scattered pages cost {min(ratios):.3f}x-{max(ratios):.3f}x "
+        "the time of pages in order.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 #: name -> (the generator, the command whose JSON it reads)
 BLOCKS: dict[str, tuple[Callable[..., str], str]] = {
     "crosscheck results": (crosscheck_block, "crosscheck --save"),
     "peer results": (peer_block, "bench peer"),
+    "kernel results": (kernel_block, "bench kernel (on a GPU)"),
     "serving results": (serving_block, "bench serve-sweep; bench serve --compare-offline"),
     "speculative decoding results": (speculative_block, "bench spec-decode"),
     "dtype results": (readme_results.dtypes_block, "bench engine --model smollm2 --dtype float32 bfloat16"),

@@ -32,7 +32,16 @@ def main(args: list[str] | None = None) -> None:
         "--max-tokens", type=int, default=4 * 1024 * 1024, help="skip batch x context above this"
     )
     parser.add_argument("--out", type=Path, default=None, help="folder for kernel_bandwidth.{png,json}")
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="measure nothing: print the table and draw the figure of a stored kernel_bandwidth.json "
+        "(a GPU machine's run, redrawn where matplotlib is)",
+    )
     opts = parser.parse_args(args)
+    if opts.from_json is not None:
+        return redraw(opts.from_json, opts.out)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     smoke = opts.smoke or device.type != "cuda"
     if smoke:
@@ -52,3 +61,16 @@ def main(args: list[str] | None = None) -> None:
     print(f"wrote {out_dir / 'kernel_bandwidth.png'} and kernel_bandwidth.json")
     if passed != total:
         raise SystemExit(f"{total - passed} kernel runs disagree with the reference")
+
+
+def redraw(path: Path, out_dir: Path | None) -> None:
+    """The table and figure of a stored run, with nothing measured (the JSON is left as it is)."""
+    payload = json.loads(path.read_text())
+    rows = kernel_timing.rows_from_payload(payload)
+    peak = payload["hbm_peak_bytes_per_second"]
+    passed, total = payload["correct"]
+    print(f"device: {payload['device']}; correctness vs the PyTorch reference: {passed}/{total}")
+    print(viz.kernels.bandwidth_table(rows, peak))
+    out_dir = out_dir or viz.figures_dir()
+    viz.save(viz.kernels.kernel_bandwidth(rows, peak, title=payload["device"]), "kernel_bandwidth", out_dir)
+    print(f"wrote {out_dir / 'kernel_bandwidth.png'}")
