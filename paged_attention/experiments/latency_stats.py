@@ -4,7 +4,8 @@ Per request, from the time it was sent and the times its chunks arrived (:func:`
 
 * **TTFT**, time to first token: first chunk - send;
 * **ITL**, inter-token latencies: the gaps between consecutive chunks (a chunk may carry several
-  tokens: a gap is per chunk, as vLLM's benchmark counts it);
+  tokens: a gap is per chunk, as vLLM's benchmark counts it; every chunk with a choice counts, the
+  last one too, whose end-of-sequence token has no text);
 * **TPOT**, time per output token after the first: (last chunk - first chunk) / (tokens - 1);
 * **E2EL**, end-to-end latency: last chunk - send; and the paper's **normalized latency**,
   E2EL / output tokens (s/token, Figure 12's y axis).
@@ -38,7 +39,8 @@ class StreamMetrics:
 
 def stream_metrics(send_time: float, chunk_times: Sequence[float], num_tokens: int) -> StreamMetrics:
     """The latencies of one streamed request (see the module docstring). ``chunk_times``: when each
-    chunk that carried output arrived, in order; ``num_tokens``: output tokens in all."""
+    chunk that carried output tokens arrived (text or not), in order; ``num_tokens``: output tokens
+    in all."""
     if not chunk_times:
         raise ValueError("chunk_times is empty: a request that produced no output has no latencies")
     if num_tokens < len(chunk_times):

@@ -176,13 +176,13 @@ async def send(
     temperature: float = 0.0,
     started: float = 0.0,
 ) -> RequestResult:
-    """Send one request, streaming; time every chunk that carries output tokens (by the usage each
-    chunk reports, or by its text where a server reports no usage per chunk; see :mod:`.latency_stats`)."""
+    """Send one request, streaming; time every chunk that has a choice, as ``vllm bench serve`` does,
+    its text empty or not (the end-of-sequence token has none; a chat stream's role chunk, which
+    carries no token, is left out). See :mod:`.latency_stats`."""
     send_time = time.perf_counter()
     result = RequestResult(ok=False, send_time=send_time - started)
     chunk_times: list[float] = []
     texts: list[str] = []
-    tokens_seen = 0
     try:
         async with client.stream("POST", request.endpoint, json=_body(request, model, temperature)) as answer:
             if answer.status_code != 200:
@@ -200,16 +200,12 @@ async def send(
                     result.prompt_tokens = chunk["usage"]["prompt_tokens"]
                     result.output_tokens = chunk["usage"]["completion_tokens"]
                 arrived = time.perf_counter()
-                tokens = (chunk.get("usage") or {}).get("completion_tokens")
-                grew = tokens is not None and tokens > tokens_seen
-                tokens_seen = max(tokens_seen, tokens or 0)
                 for choice in chunk.get("choices", []):
+                    if "role" in choice.get("delta", {}):
+                        continue  # the assistant's role, sent with the first token's chunk
                     text = choice.get("text") if "text" in choice else choice.get("delta", {}).get("content")
-                    if text:
-                        texts.append(text)
-                    if grew or (tokens is None and text):
-                        chunk_times.append(arrived)
-                        grew = False
+                    texts.append(text or "")
+                    chunk_times.append(arrived)
                     if choice.get("finish_reason"):
                         result.finish_reason = choice["finish_reason"]
     except httpx.HTTPError as err:

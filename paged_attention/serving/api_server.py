@@ -340,17 +340,19 @@ async def _events(
     chat = kind.startswith("chat")
     watcher = asyncio.ensure_future(_disconnected(raw))
     watcher.add_done_callback(lambda w: w.cancelled() or [s.close() for s in streams])
+    role_due = chat
     try:
-        if chat:  # the assistant's role first, one chunk per choice (as OpenAI and vLLM do)
-            for choice in choices:
-                role = {
-                    "index": choice.index,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-                yield _sse({**head, "choices": [role]})
         async for index, output in _merged(streams):
+            if role_due:  # the assistant's role, one chunk per choice, with the first output (as vLLM)
+                role_due = False
+                for choice in choices:
+                    role = {
+                        "index": choice.index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                    yield _sse({**head, "choices": [role]})
             prompt_tokens[index] = len(output.prompt_token_ids)
             for delta in output.outputs:
                 choice = choices[index * n + delta.index]
