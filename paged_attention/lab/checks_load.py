@@ -100,7 +100,7 @@ def _metric_cases(seed: int, thorough: bool) -> list[tuple[str, float, list[floa
     clock = 1_234_567.8912  # what time.perf_counter() reads after two weeks of uptime
     cases = [
         ("one token per chunk", 0.0, [0.2, 0.25, 0.31, 0.36], 4),
-        ("the last chunk's token is the end of sequence: no text, timed all the same", 0.0, [0.3, 0.36, 0.4], 3),
+        ("the last chunk is the end-of-sequence token's, with no text", 0.0, [0.3, 0.36, 0.4], 3),
         ("sent at 10 s", 10.0, [10.5, 10.6, 10.8], 3),
         ("chunks carrying several tokens", 1.0, [1.4, 1.5, 1.9], 7),
         ("one chunk carrying all 5 tokens", 2.0, [2.3], 5),
