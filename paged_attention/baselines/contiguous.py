@@ -114,6 +114,10 @@ class ContiguousKVCacheManager:
         """No prefix cache: a reserved range is private, nothing is ever found already computed."""
         return 0
 
+    def num_free_prefix_blocks(self, seq: Sequence) -> int:
+        """No prefix cache, so no cached block waits in a free queue."""
+        return 0
+
     def allocate_slots(
         self, seq: Sequence, num_new_tokens: int, num_lookahead_tokens: int = 0
     ) -> SlotAllocation | None:

@@ -327,9 +327,10 @@ class Scheduler:
             cached = 0 if seq.prompt_logit_positions else self.cache_manager.lookup_prefix(seq)
             seq.num_computed_tokens = cached
             n = min(seq.num_uncomputed_tokens, budget)
-            # Memory is asked for all the tokens it must compute before it samples, not only this
-            # step's chunk: admitted for its first chunk alone, it would need blocks for the next
-            # one at once, and (the latest arrival) preempt itself, over and over (vLLM v0's rule).
+            # Admission checks the blocks of every token it must compute before it samples, not only
+            # this step's chunk (checked for its first chunk alone, it could need blocks for the next
+            # one at once and, the latest arrival, preempt itself, over and over); it allocates only
+            # the chunk's, and reserves nothing for the rest.
             allocation = (
                 self.cache_manager.allocate_slots(seq, n)
                 if self.scheduling_policy.admits(seq, seq.num_uncomputed_tokens, self.cache_manager)

@@ -135,26 +135,48 @@ DUNDERS_ALLOWED = frozenset(
 
 
 def screen(exercise: Exercise, code: str) -> str:
-    """Why the cell is not graded, or ``""``, read from its text (nothing of it runs here): an import
-    outside :data:`STANDARD_MODULES` and :data:`PACKAGE_NAMES`; a builtin of
-    :data:`OFF_LIMITS_NAMES`; a dunder attribute (but the usual methods), or a private attribute of
-    anything but ``self``; the package's own implementation of the exercise (a name or a string
-    naming one of ``exercise.references``); or one of the methods the student writes read from
-    anything but ``self`` (``super().admits``, ``SchedulingPolicy.victim``)."""
+    """Why the cell is not graded, or ``""``, read from its text (nothing of it runs here).
+
+    What is refused is what code *does*, never what it is called: an import outside
+    :data:`STANDARD_MODULES` and :data:`PACKAGE_NAMES`; a builtin of :data:`OFF_LIMITS_NAMES`; a dunder
+    attribute (but the usual methods); importing the package's own implementation of the exercise
+    (one of ``exercise.references``) or reading it, or a private attribute, from an object the cell
+    did not make (``cache_manager.can_admit``, ``allocator.FreeBlockQueue``); or one of the methods
+    the student writes read from anything but ``self`` (``super().admits``). Local names,
+    parameters, comments, docstrings and the student's own attributes (``self.x = ...``, ``def x``)
+    may use any word, the package's included."""
     try:
         tree = ast.parse(code)
     except SyntaxError:
         return ""  # the child reports it, with its line
+    own = _own_attributes(tree)
     for node in ast.walk(tree):
         line = getattr(node, "lineno", 0)
-        why = _screen_node(exercise, node)
+        why = _screen_node(exercise, node, own)
         if why:
             return f"line {line} {why}"
     return ""
 
 
-def _screen_node(exercise: Exercise, node: ast.AST) -> str:
+def _own_attributes(tree: ast.AST) -> set[str]:
+    """The attribute names the cell makes itself: its functions, methods and classes, and what it
+    assigns to ``self`` (an assignment to another object's attribute makes nothing of its own)."""
+    own: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _on_self(node):
+            own.add(node.attr)
+    return own
+
+
+def _on_self(node: ast.Attribute) -> bool:
+    return isinstance(node.value, ast.Name) and node.value.id == "self"
+
+
+def _screen_node(exercise: Exercise, node: ast.AST, own: set[str]) -> str:
     references = exercise.references
+    implementation = "the package's own implementation of this exercise: write it yourself"
     if isinstance(node, ast.Import):
         for alias in node.names:
             if alias.name not in STANDARD_MODULES and alias.name not in PACKAGE_NAMES:
@@ -165,31 +187,26 @@ def _screen_node(exercise: Exercise, node: ast.AST) -> str:
             extra = [a.name for a in node.names if a.name not in PACKAGE_NAMES[module]]
             if extra:
                 return f"imports {', '.join(extra)} from {module}, which no exercise needs: {NOT_RUN}"
+            taken = [a.name for a in node.names if a.name in references]
+            if taken:
+                return f"imports {taken[0]}, {implementation}"
         elif module not in STANDARD_MODULES or node.level:
             return f"imports from {module or '.'}, which no exercise needs: {NOT_RUN}"
     elif isinstance(node, ast.Name):
         if node.id in OFF_LIMITS_NAMES:
             return f"uses {node.id}, which no exercise needs: {NOT_RUN}"
-        if node.id in references:
-            return f"uses {node.id}, the package's own implementation of this exercise: write it yourself"
     elif isinstance(node, ast.Attribute):
-        on_self = isinstance(node.value, ast.Name) and node.value.id == "self"
+        on_self = _on_self(node)
+        mine = on_self or node.attr in own
         if node.attr.startswith("__") and node.attr.endswith("__") and node.attr not in DUNDERS_ALLOWED:
             return f"reads .{node.attr}, which no exercise needs: {NOT_RUN}"
-        if node.attr.startswith("_") and not node.attr.startswith("__") and not on_self:
+        if node.attr.startswith("_") and not node.attr.startswith("__") and not mine:
             return f"reads .{node.attr}, a private part of another object: {NOT_RUN}"
-        if node.attr in references:
-            return f"uses {node.attr}, the package's own implementation of this exercise: write it yourself"
+        if node.attr in references and not mine:
+            return f"uses .{node.attr} of an object it did not make, {implementation}"
         if node.attr in exercise.names_overridden and not on_self:
             return (
                 f"reads .{node.attr} of something else than self, the package's own rule: write it yourself"
-            )
-    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-        # names that cannot be prose (FreeBlockQueue, can_admit): a docstring may say "propose"
-        named = [r for r in references if (r != r.lower() or "_" in r) and r in node.value]
-        if named:
-            return (
-                f"names {named[0]} in a string, the package's own implementation of this exercise: {NOT_RUN}"
             )
     return ""
 

@@ -87,6 +87,12 @@ class KVCacheManager(Protocol):
         """
         ...
 
+    def num_free_prefix_blocks(self, seq: CachedSequence) -> int:
+        """How many blocks of a waiting ``seq``'s prefix-cache hit sit in the free queue (cached, held
+        by no one): admitting ``seq`` takes them out of it, so they cost free blocks as new ones do.
+        0 without a prefix cache, without a hit, and for a sequence that holds memory already."""
+        ...
+
     def can_admit(self, seq: CachedSequence, num_new_tokens: int) -> bool:
         """May ``seq`` start now with ``num_new_tokens`` tokens after its first ``seq.num_computed_tokens``?
 

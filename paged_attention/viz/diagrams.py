@@ -1,5 +1,6 @@
 """Diagrams of structures and state machines, drawn from the package's own data: the
-sentinel-linked free queue (notebook 02) and the life of a request in the scheduler (notebook 04).
+sentinel-linked free queue and fork with copy-on-write (notebook 02), and the life of a request in
+the scheduler (notebook 04).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 from ..engine.sequence import SequenceStatus
-from .style import COLORS
+from .style import COLORS, SEQUENCE_COLORS
 
 SENTINEL_COLOR = "#cbd5e0"
+SHARED_COLOR = "#6b46c1"
 
 
 def _box(ax, x: float, y: float, text: str, color: str, width: float = 0.8, height: float = 0.5) -> None:
@@ -77,6 +79,49 @@ def free_queue(states: Sequence[tuple[str, Sequence[int], Sequence[int]]]) -> Fi
     ax.text(width - 1.4, 0.38, "← prev_free", color="#c05621", fontsize=8, ha="right")
     ax.set_xlim(-0.7, width)
     ax.set_ylim(-1.35 * len(states) + 0.6, 0.9)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def copy_on_write(
+    states: Sequence[tuple[str, dict[str, list[int]], dict[int, int], dict[int, int]]], block_size: int
+) -> Figure:
+    """One row per state ``(caption, page tables {name: block ids}, tokens written in each block,
+    reference count of each block)``: each table's entries on a line of their own, an arrow from each
+    entry to the physical block it names, and the blocks below, those held by more than one table
+    drawn as shared, each with its filled slots and its reference count."""
+    rows = []
+    for caption, tables, filled, refs in states:
+        blocks = sorted({b for ids in tables.values() for b in ids})
+        rows.append((caption, tables, filled, refs, blocks))
+    width = (
+        max(max(len(r[4]) for r in rows), max(len(ids) for r in rows for ids in r[1].values())) * 1.3 + 1.5
+    )
+    heights = [1.9 + 0.75 * len(r[1]) for r in rows]
+    fig, ax = plt.subplots(figsize=(1.05 * width + 0.6, 0.95 * sum(heights) + 0.3))
+    top = 0.0
+    for (caption, tables, filled, refs, blocks), height in zip(rows, heights, strict=True):
+        where = {b: i * 1.3 for i, b in enumerate(blocks)}
+        base = top - height + 0.6
+        for b, x in where.items():
+            color = SHARED_COLOR if refs.get(b, 0) > 1 else COLORS["tokens"]
+            _box(ax, x, base, f"block {b}", color, width=1.0)
+            label = f"{filled.get(b, 0)}/{block_size} slots, ref {refs.get(b, 0)}"
+            ax.text(x, base - 0.32, label, ha="center", va="top", fontsize=7)
+        for k, (name, ids) in enumerate(tables.items()):
+            y = base + 1.1 + 0.75 * (len(tables) - 1 - k)
+            ax.text(-1.0, y, name, ha="right", va="center", fontsize=9, fontweight="bold")
+            shift = (k - (len(tables) - 1) / 2) * 0.6  # tables side by side: no arrow crosses a box
+            color = SEQUENCE_COLORS[k % len(SEQUENCE_COLORS)]
+            for i, b in enumerate(ids):
+                _box(ax, i * 1.3 + shift, y, f"[{i}]", SENTINEL_COLOR, width=0.5, height=0.38)
+                _arrow(ax, (i * 1.3 + shift, y - 0.19), (where[b] + shift / 3, base + 0.25), color)
+        ax.text(-1.3, top - 0.05, caption, ha="left", va="top", fontsize=9)
+        top -= height
+    ax.set_xlim(-1.4, width - 0.9)
+    ax.set_ylim(top, 0.1)
     ax.set_aspect("equal")
     ax.axis("off")
     fig.tight_layout()
