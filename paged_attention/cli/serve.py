@@ -15,6 +15,7 @@ from ..baselines.engines import KV_MANAGERS, baseline_engine
 from ..engine.chat import PLAIN_TEMPLATE
 from ..engine.llm_engine import LLMEngine
 from ..serving import AsyncLLM, build_app
+from ..serving.authentication import api_keys
 from ..serving.launch import LOCALHOST, run
 from ._threads import set_threads
 
@@ -54,6 +55,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: 2, 1 if busy)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument(
+        "--api-key",
+        nargs="+",
+        default=None,
+        help="the /v1 routes answer only 'Authorization: Bearer KEY' with one of these keys "
+        "(default: $VLLM_API_KEY, or no key)",
+    )
     return p
 
 
@@ -98,5 +106,8 @@ def main(args: list[str] | None = None) -> None:
         f"torch threads {threads})",
         flush=True,
     )
-    app = build_app(AsyncLLM(engine, opts.max_waiting), name, template)
+    keys = api_keys(opts.api_key)
+    if keys:
+        print(f"the /v1 routes ask for one of {len(keys)} API key(s)", flush=True)
+    app = build_app(AsyncLLM(engine, opts.max_waiting), name, template, keys)
     run(app, opts.host, opts.port, opts.log_level)

@@ -140,8 +140,8 @@ ROWS = [
         '`LLM(..., speculative_config={"method": "ngram", ...})`',
         "differs",
         "n-gram (prompt lookup) drafts only, vLLM v1's keys and defaults; greedy and seeded output "
-        "identical to decoding without drafts (sample, then compare); no drafts for beam search or "
-        "`logprobs` requests; draft-model methods refused",
+        "identical to decoding without drafts in float32 (sample, then compare); no drafts for beam "
+        "search or `logprobs` requests; draft-model methods refused",
         "tests/test_speculative.py::test_greedy_output_equals_decoding_without_drafts",
     ),
     Row(

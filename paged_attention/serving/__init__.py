@@ -5,6 +5,7 @@
     responses  engine deltas as OpenAI's responses and stream chunks
     errors     OpenAI's error body; which field an engine error is about
     metrics    GET /metrics: the engine's metrics in Prometheus' format, vLLM's names
+    authentication  --api-key: the /v1 routes ask for a bearer key, as vLLM's
     api_server the FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /health, /tokenize
     launch     running it: in the foreground, in a thread (tests), as a child process (notebooks)
 

@@ -19,7 +19,7 @@ import asyncio
 import copy
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -33,6 +33,7 @@ from ..engine.chat import as_conversations, render_chat
 from ..engine.outputs import RequestOutput
 from ..engine.params import SamplingParams
 from .async_llm import AsyncLLM, EngineDead, EngineOverloaded, RequestStream
+from .authentication import AuthenticationMiddleware
 from .errors import APIError, engine_error, error_body
 from .metrics import CONTENT_TYPE, prometheus_text
 from .protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
@@ -41,9 +42,12 @@ from .responses import Choice, envelope, new_id, usage
 log = logging.getLogger("paged_attention.serving")
 
 
-def build_app(llm: AsyncLLM, model_name: str, chat_template: str | None = None) -> FastAPI:
+def build_app(
+    llm: AsyncLLM, model_name: str, chat_template: str | None = None, api_keys: Sequence[str] = ()
+) -> FastAPI:
     """The server's app over ``llm`` (started and stopped with the app's lifespan), answering to
-    ``model_name``; ``chat_template`` replaces the tokenizer's own (needed by models without one)."""
+    ``model_name``; ``chat_template`` replaces the tokenizer's own (needed by models without one);
+    with ``api_keys``, the ``/v1`` routes ask for one of them (:mod:`.authentication`)."""
     engine = llm.engine
     tokenizer = copy.deepcopy(engine.tokenizer)  # the front's own: the engine loop uses its copy
     defaults = dict(engine.sampling_defaults)
@@ -58,6 +62,8 @@ def build_app(llm: AsyncLLM, model_name: str, chat_template: str | None = None) 
             await llm.shutdown()
 
     app = FastAPI(title="paged-attention", version=__version__, lifespan=lifespan)
+    if api_keys:
+        app.add_middleware(AuthenticationMiddleware, keys=list(api_keys))
     app.state.llm = llm
     app.state.model_name = model_name
 
