@@ -44,9 +44,10 @@ from .kv_cache import KVCache
 from .scheduler import ScheduledSequence
 
 ATTENTION_NAME = "paged_attention"
-#: Decode steps that read fewer K elements per layer than this (sequences x longest context x KV
-#: heads x head size) run eagerly: see :meth:`ModelRunner.step_backend`.
-COMPILED_MIN_ELEMENTS = 2**19
+#: Decode steps that read fewer K elements than this over all layers (sequences x longest context x
+#: KV heads x head size x layers) run eagerly: see :meth:`ModelRunner.step_backend`. SmolLM2's
+#: 2**19 per layer, times its 30 layers.
+COMPILED_MIN_ELEMENTS = 2**19 * 30
 
 
 @dataclass
@@ -161,13 +162,14 @@ class ModelRunner:
         """The backend of one step. The compiled in-place kernel is faster at every size, but its
         first call in a process costs seconds (compiling, or loading inductor's cache), which only a
         step that reads much pays back: measured per layer on a 2-core CPU, SmolLM2's heads (3 KV x
-        64) at 8 x 256 padded positions save 0.1 ms, at 16 x 256 0.5 ms, at 16 x 512 5.4 ms. Steps
-        reading fewer than :data:`COMPILED_MIN_ELEMENTS` K elements per layer (SmolLM2: 2,731
-        positions; the embedded model: 8,192) take the eager gather, so a process whose steps stay
-        small (most tests, the embedded model's demo and sweeps) never compiles, and none pays the
-        compile in the middle of a timed run it cannot win back."""
+        64) at 8 x 256 padded positions save 0.1 ms, at 16 x 256 0.5 ms, at 16 x 512 5.4 ms, and a
+        step saves that in every layer. Steps reading fewer than :data:`COMPILED_MIN_ELEMENTS` K
+        elements over all layers (SmolLM2: 2,731 positions; the embedded model, 4 layers of 2 x 32:
+        61,440) take the eager gather, so a process whose steps stay small (most tests, the embedded
+        model's notebooks, demo and sweeps) never compiles, and none pays the compile in the middle
+        of a timed run it cannot win back."""
         spec = self.kv_cache.spec
-        elements = num_seqs * max_seq_len * spec.num_kv_heads * spec.head_dim
+        elements = num_seqs * max_seq_len * spec.num_kv_heads * spec.head_dim * spec.num_layers
         if self.backend == "compiled" and elements < COMPILED_MIN_ELEMENTS:
             return "torch"
         return self.backend

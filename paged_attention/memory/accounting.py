@@ -20,8 +20,10 @@ tables would need if every owner had its own copy (the PagedAttention paper's §
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 from .._checks import check_int, check_positive_int
 from .allocator import BlockAllocator
@@ -104,23 +106,25 @@ def paged_memory_report(
     allocated block is internal fragmentation; blocks in the free queue are free.
     """
     check_positive_int("block_size", block_size)
-    holders: dict[int, int] = {}
     for table in page_tables:
         if table.allocator is not allocator:
             raise ValueError("every page table must draw from the allocator passed in")
         if table.block_size != block_size:
             raise ValueError(f"every page table must have block_size={block_size}, got {table.block_size}")
-        for block_id in table.block_ids:
-            holders[block_id] = holders.get(block_id, 0) + 1
-    filled = written_slots(page_tables)
-    blocks = allocator.blocks  # direct reads: this runs every step of long simulations
-    if allocator.num_used_blocks != len(holders) or any(blocks[b].ref_cnt != n for b, n in holders.items()):
+    # Counted in C (this runs every few steps of long simulations): how many tables hold each block.
+    holders = Counter(chain.from_iterable(table.block_ids for table in page_tables))
+    blocks = allocator.blocks
+    counts = [blocks[b].ref_cnt for b in holders]
+    if allocator.num_used_blocks != len(holders) or counts != list(holders.values()):
         raise ValueError(
             "the page tables given do not account for every block in use (pass all of them): "
             "each block's ref count must equal the number of tables holding it"
         )
     total = allocator.num_blocks * block_size
-    tokens = sum(filled.values())
+    if len(holders) == sum(holders.values()):  # nothing shared: each table's tokens fill its own blocks
+        tokens = sum(table.num_tokens for table in page_tables)
+    else:
+        tokens = sum(written_slots(page_tables).values())
     allocated = allocator.num_used_blocks * block_size
     return MemoryReport(
         total_slots=total,
