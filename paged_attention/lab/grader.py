@@ -218,9 +218,11 @@ def grade_cell(
     seed: int | None = None,
     time_limit: float = TIME_LIMIT,
     memory_limit: int = MEMORY_LIMIT,
+    thorough: bool = True,
 ) -> Grade:
     """Grade one exercise from the text of its cell (see the module docstring); ``seed`` None draws
-    a fresh one."""
+    a fresh one; ``thorough=False`` runs the notebook's own number of cases (tests of the grader's
+    plumbing), not the grader's."""
     seed = fresh_seed() if seed is None else seed
 
     def result(status: str, detail: str = "", cases: int = 0) -> Grade:
@@ -233,7 +235,7 @@ def grade_cell(
     check = checker(exercise.exercise_id)
     try:
         with undumpable(), ChildStudent(exercise, code, time_limit, memory_limit) as student:
-            cases = check(student, seed=seed, thorough=True)
+            cases = check(student, seed=seed, thorough=thorough)
         return result("pass", cases=cases)
     except NotImplementedError as err:
         return result("unfinished", str(err) or "NotImplementedError")
