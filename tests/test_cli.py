@@ -98,6 +98,15 @@ def test_bench_kernel_smoke_run_on_cpu(tmp_path, capsys):
     rows = json.loads((tmp_path / "kernel_bandwidth.json").read_text())["rows"]
     assert {r["method"] for r in rows} >= {"paged", "contiguous", "sdpa"}
     assert (tmp_path / "kernel_bandwidth.png").stat().st_size > 0
+    # A stored run (a GPU machine's) redrawn here: the same table, nothing measured, the JSON untouched.
+    stored = (tmp_path / "kernel_bandwidth.json").read_text()
+    redrawn = tmp_path / "redrawn"
+    main(["bench", "kernel", "--from-json", str(tmp_path / "kernel_bandwidth.json"), "--out", str(redrawn)])
+    again = capsys.readouterr().out
+    table = out[out.index(" batch  context") : out.index("wrote")]
+    assert table in again and f"{passed}/{total}" in again
+    assert (redrawn / "kernel_bandwidth.png").stat().st_size > 0
+    assert (tmp_path / "kernel_bandwidth.json").read_text() == stored
 
 
 def test_bench_sharing_small_run_writes_both_figures(tmp_path, capsys):

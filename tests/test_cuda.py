@@ -15,6 +15,7 @@ import itertools
 import pytest
 import torch
 
+from paged_attention import kernels
 from paged_attention.engine.llm import LLM
 from paged_attention.engine.sampling import SamplingParams
 from paged_attention.kernels import decode, prefill, reference, store
@@ -65,8 +66,6 @@ def test_store_kernel_writes_what_the_torch_store_writes_bit_for_bit(dtype):
     slots = torch.tensor([0, -1, 95, 17, 40], device=CUDA)  # -1: a padding token, written nowhere
     ours, theirs = [c.clone() for c in caches], [c.clone() for c in caches]
     store.store_kv(new, new, ours[0], ours[1], slots)
-    from paged_attention import kernels
-
     kernels.store_kv(new, new, theirs[0], theirs[1], slots, backend="torch")
     assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
 

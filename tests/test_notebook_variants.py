@@ -41,7 +41,8 @@ def listed(nb: dict, everything: bool) -> list[dict]:
 
 def _stored(node: ast.AST) -> set[str]:
     out = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    return out | {n.name for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    defined = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return out | {n.name for n in ast.walk(node) if isinstance(n, defined)}
 
 
 def _loaded(node: ast.AST) -> set[str]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 
@@ -232,5 +232,5 @@ def payload(
 
 def rows_from_payload(payload: dict) -> list[BandwidthRow]:
     """The rows of a stored :func:`payload` (its derived ``bytes_per_second`` recomputed)."""
-    names = ("method", "batch", "context", "seconds", "kv_bytes", "device_seconds")
+    names = [f.name for f in fields(BandwidthRow)]
     return [BandwidthRow(**{n: row[n] for n in names if n in row}) for row in payload["rows"]]
