@@ -216,32 +216,36 @@ class Scheduler:
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> None:
+        running, manager = self.running, self.cache_manager  # (_preempt removes from this same list)
         index = 0
-        while index < len(self.running) and budget > 0:
-            seq = self.running[index]
-            n = min(seq.num_uncomputed_tokens, budget)
+        while index < len(running) and budget > 0:
+            seq = running[index]
+            uncomputed = seq.num_uncomputed_tokens
+            n = min(uncomputed, budget)
             if n == 0:  # parked: a beam waiting for its siblings
                 index += 1
                 continue
             # Drafted tokens ride along a decode step when the budget and free memory allow; they
             # never cost anyone a preemption (without them the step still makes its one token).
-            drafts = tuple(seq.draft_token_ids[: budget - 1]) if n == seq.num_uncomputed_tokens == 1 else ()
-            if drafts:
-                drafts = drafts[: self._draft_room(seq, len(drafts), len(self.running) - index - 1)]
-            allocation = self.cache_manager.allocate_slots(seq, n, len(drafts)) if drafts else None
+            drafts: tuple[int, ...] = ()
+            if seq.draft_token_ids and n == uncomputed == 1:
+                drafts = tuple(seq.draft_token_ids[: budget - 1])
+                drafts = drafts[: self._draft_room(seq, len(drafts), len(running) - index - 1)]
+            allocation = manager.allocate_slots(seq, n, len(drafts)) if drafts else None
             if allocation is None:
                 drafts = ()
-                allocation = self.cache_manager.allocate_slots(seq, n)
+                allocation = manager.allocate_slots(seq, n)
             while allocation is None:
-                victim = self.scheduling_policy.victim(self.running)
+                victim = self.scheduling_policy.victim(running)
                 self._preempt(victim, out)
                 if victim is seq:
                     self.num_self_preemptions += 1  # it was the latest arrival: it stepped back
                     break
-                allocation = self.cache_manager.allocate_slots(seq, n)
+                allocation = manager.allocate_slots(seq, n)
             if allocation is None:
                 break  # seq itself stepped back; everyone after it was preempted already
-            out.block_copies += allocation.copies
+            if allocation.copies:
+                out.block_copies += allocation.copies
             out.scheduled.append(ScheduledSequence.of(seq, n + len(drafts), allocation.slot_mapping, drafts))
             budget -= n + len(drafts)
             index += 1

@@ -129,7 +129,7 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         """Tokens the next steps must run through the model before this sequence can sample."""
-        return self.num_tokens - self.num_computed_tokens
+        return len(self.prompt_token_ids) + len(self.output_token_ids) - self.num_computed_tokens
 
     @property
     def is_finished(self) -> bool:

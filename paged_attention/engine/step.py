@@ -42,7 +42,7 @@ class ScheduledSequence:
     ) -> ScheduledSequence:
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens - len(drafts)
         wanted = seq.prompt_logit_positions
-        prompt = range(max(wanted.start, start), min(wanted.stop, end))
+        prompt = range(max(wanted.start, start), min(wanted.stop, end)) if wanted else wanted
         return cls(seq, num_new_tokens, slot_mapping, start, end == seq.num_tokens, prompt, drafts)
 
     @property
