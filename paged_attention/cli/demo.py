@@ -15,9 +15,12 @@ caching is off in both, so the memory layout is the only difference. ``--model t
 demo on the embedded random model instead (seconds; gibberish text, real memory behaviour).
 
 The model runs in what ``dtype="auto"`` picks (printed): bfloat16 on a CPU that multiplies it
-faster, else float32 (:mod:`paged_attention.models.cpu_dtype`). In bfloat16 the two runs may part
-ways on a few answers: the runs batch requests differently, a batch's sums round differently, and a
-near-tie between two tokens can flip. ``--dtype float32`` makes them token-identical.
+faster, else float32 (:mod:`paged_attention.models.cpu_dtype`). The two runs batch requests
+differently, and a product's rounding can depend on how many rows it multiplies: in bfloat16 a
+near-tie between two tokens can then flip, and the runs part ways. So the demo runs both engines
+batch-invariant (:mod:`paged_attention.models.invariant`): a token's result does not depend on what
+shares its step, and the two runs must write the same tokens. ``--no-batch-invariant`` runs the
+engines' fast default, in which a few bfloat16 answers may differ.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ def run_demo(
     show: int = 3,
     dtype: str = "auto",
     save: bool = False,
+    batch_invariant: bool = True,
 ) -> dict:
     """Run the comparison (see the module docstring) and print it; returns both runs' numbers."""
     if not 1 <= num_requests <= len(QUESTIONS):
@@ -103,13 +107,19 @@ def run_demo(
         f"{num_requests} chat prompts ({min(len(p['prompt_token_ids']) for p in prompts)}-"
         f"{max(len(p['prompt_token_ids']) for p in prompts)} tokens), greedy, up to {max_tokens} "
         f"output tokens each\nKV budget for both: {slots} token slots ({num_kv_blocks} blocks x "
-        f"{block_size}); contiguous reserves max_model_len={max_model_len} slots per request"
+        f"{block_size}); contiguous reserves max_model_len={max_model_len} slots per request\n"
+        + (
+            "batch-invariant: on (a token's sums do not depend on what shares its step: both runs must "
+            "write the same tokens)"
+            if batch_invariant
+            else "batch-invariant: off (faster; a product's rounding may depend on how many rows it has)"
+        )
     )
     runs = {}
     for label, manager in (("contiguous", "max"), ("paged", "paged")):
         engine = baseline_engine(
             hf_model, tokenizer, kv_manager=manager, num_kv_blocks=num_kv_blocks, block_size=block_size,
-            max_model_len=max_model_len, enable_prefix_caching=False,
+            max_model_len=max_model_len, enable_prefix_caching=False, batch_invariant=batch_invariant,
         )  # fmt: skip
         runs[label] = _serve(engine, prompts, params, label)
     contiguous, paged = runs["contiguous"], runs["paged"]
@@ -122,10 +132,10 @@ def run_demo(
     for name, key, fmt in rows:
         print(f"{name:34}{fmt.format(contiguous[key]):>12}{fmt.format(paged[key]):>10}")
     print(f"{'identical outputs':34}{f'{same}/{num_requests}':>22}")
-    if same < num_requests and served in (torch.bfloat16, torch.float16):
+    if same < num_requests and not batch_invariant and served in (torch.bfloat16, torch.float16):
         print(
             f"  (in {str(served).removeprefix('torch.')} a step's sums round differently when the batch\n"
-            "   differs, so a near-tie between two tokens can flip; `--dtype float32` runs are identical)"
+            "   differs, so a near-tie between two tokens can flip; batch-invariant runs are identical)"
         )
     speedup = paged["tokens_per_second"] / contiguous["tokens_per_second"]
     print(f"\npaged: {speedup:.2f}x the throughput in the same KV memory; every block free again: "
@@ -144,6 +154,7 @@ def run_demo(
             "model": model, "dtype": explain_dtype(model, dtype), "threads": threads,
             "num_requests": num_requests, "max_tokens": max_tokens, "num_kv_blocks": num_kv_blocks,
             "block_size": block_size, "max_model_len": max_model_len, "load_seconds": loaded,
+            "batch_invariant": batch_invariant,
             "prompt_tokens": [min(len(p["prompt_token_ids"]) for p in prompts),
                               max(len(p["prompt_token_ids"]) for p in prompts)],
             "runs": {label: {k: run[k] for k in numbers} for label, run in runs.items()},

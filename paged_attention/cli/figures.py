@@ -40,6 +40,7 @@ MEASURED = {
     ],
     "dtypes": ["bench", "engine", "--model", "smollm2", "--dtype", "float32", "bfloat16", "--threads", "1"],
     "demo": ["demo", "--save", "--threads", "1"],
+    "batch_invariant": ["bench", "batch-invariant"],  # the demo's workload with the mode off and on
     "serve_sweep": ["bench", "serve-sweep"],  # Figure 12 through the real server and SmolLM2 (minutes)
     "serve_overhead": ["bench", "serve", "--compare-offline"],  # the server's overhead over the engine
     "spec_decode": ["bench", "spec-decode"],  # with and without n-gram drafts, SmolLM2 (minutes)

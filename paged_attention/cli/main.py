@@ -36,6 +36,7 @@ BENCHMARKS = (
     "serve-sweep",
     "spec-decode",
     "peer",
+    "batch-invariant",
 )
 
 
@@ -90,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         help="smollm2: auto (default): bfloat16 where this CPU computes it faster, else float32",
     )  # fmt: skip
     demo.add_argument("--save", action="store_true", help="smollm2: write figures/demo.json (for README)")
+    demo.add_argument(
+        "--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
+        help="smollm2: both engines batch-invariant, so their tokens must agree (default: on)",
+    )  # fmt: skip
     gen = sub.add_parser("generate", help="stream one completion")
     gen.add_argument("--model", default=None, help="checkpoint folder or cached hub name (default: embedded)")
     gen.add_argument("--prompt", required=True)
@@ -152,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
 
             run_demo(opts.requests or 16, opts.num_kv_blocks or 64, opts.block_size,
                      max_tokens=opts.max_tokens, threads=opts.threads, model=opts.model,
-                     dtype=opts.dtype, save=opts.save)  # fmt: skip
+                     dtype=opts.dtype, save=opts.save, batch_invariant=opts.batch_invariant)  # fmt: skip
     elif opts.command == "generate":
         _generate(opts)
     elif opts.command == "chat":

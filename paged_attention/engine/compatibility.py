@@ -140,9 +140,17 @@ ROWS = [
         '`LLM(..., speculative_config={"method": "ngram", ...})`',
         "differs",
         "n-gram (prompt lookup) drafts only, vLLM v1's keys and defaults; greedy and seeded output "
-        "identical to decoding without drafts in float32 (sample, then compare); no drafts for beam "
+        "identical to decoding without drafts in float32, and in bfloat16 with `batch_invariant=True` "
+        "(sample, then compare); no drafts for beam "
         "search or `logprobs` requests; draft-model methods refused",
         "tests/test_speculative.py::test_greedy_output_equals_decoding_without_drafts",
+    ),
+    Row(
+        "`VLLM_BATCH_INVARIANT=1` (also `LLM(..., batch_invariant=True)`, `serve --batch-invariant`)",
+        "differs",
+        "a token's logits do not depend on its batch, on a CPU too (vLLM 0.32.0's mode is for GPUs): "
+        "linear layers in fixed 16-row chunks, attention summed in float64; slower (README)",
+        "tests/test_batch_invariant.py::test_the_engine_in_bfloat16_gives_each_request_the_same_bits_whatever_shares_its_steps",
     ),
     Row(
         "`LLM.beam_search(prompts, BeamSearchParams(...))`",

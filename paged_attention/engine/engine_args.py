@@ -84,6 +84,8 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     attention_backend: str = "auto"
+    #: ``None``: vLLM's switch, ``VLLM_BATCH_INVARIANT=1`` in the environment (:mod:`..models.invariant`).
+    batch_invariant: bool | None = None
     preemption_mode: str = "recompute"
     num_cpu_blocks: int | None = None
     watermark: float = 0.01
@@ -135,7 +137,7 @@ class EngineArgs:
             flag = "--" + f.name.replace("_", "-")
             if f.name in ("hf_overrides", "profiler_config", "speculative_config"):
                 group.add_argument(flag, type=json.loads, default=None, help="JSON")
-            elif f.default is True or f.default is False:
+            elif f.default is True or f.default is False or f.name == "batch_invariant":
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
             else:
                 group.add_argument(flag, type=_parser_for(f.default, f.type), default=f.default,

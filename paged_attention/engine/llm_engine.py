@@ -9,12 +9,11 @@
 ``step()`` is schedule -> execute -> sample -> update: the scheduler picks the work, the model
 runner computes logits, each request decides from them (its tokens, forks, dropped beams), and
 :meth:`Scheduler.update_from_output <.scheduler.Scheduler.update_from_output>`, the one owner of the
-end of a step, applies it all in a documented order. It returns a
-:class:`~.outputs.RequestOutput` for every request that produced tokens in that
-step, ``finished=False`` until the step that ends it (vLLM's semantics; what each holds is the
-request's ``SamplingParams.output_kind``; a ``FINAL_ONLY`` request and a beam search report once,
-when they end). An aborted request reports nothing more. :class:`~.llm.LLM` wraps the engine the way vLLM's
-``LLM`` does.
+end of a step, applies it all in a documented order. It returns a :class:`~.outputs.RequestOutput`
+for every request that produced tokens in that step, ``finished=False`` until the step that ends
+it (vLLM's semantics; what each holds is the request's ``SamplingParams.output_kind``; a
+``FINAL_ONLY`` request and a beam search report once, when they end). An aborted request reports
+nothing more. :class:`~.llm.LLM` wraps the engine the way vLLM's ``LLM`` does.
 
 The engine chooses nothing about memory or batching policy: it is handed a cache-manager factory
 (paged by default; the baselines bring their own) and a :class:`~.scheduler.SchedulingPolicy`.
@@ -86,6 +85,7 @@ class LLMEngine:
         max_num_batched_tokens: int | None = None,
         max_model_len: int | None = None,
         attention_backend: str = "auto",
+        batch_invariant: bool | None = None,
         preemption_mode: str = "recompute",
         num_cpu_blocks: int | None = None,
         watermark: float = 0.01,
@@ -131,7 +131,7 @@ class LLMEngine:
         self.detokenizer = Detokenizer(self.tokenizer)
         self.scheduler = Scheduler(manager, max_num_seqs, budget, preemption_mode, scheduling_policy,
                                    self.stop_rules, self.detokenizer)  # fmt: skip
-        self.runner = ModelRunner(self.model, self.kv_cache, attention_backend)
+        self.runner = ModelRunner(self.model, self.kv_cache, attention_backend, batch_invariant)
         self.sampler = Sampler(None if seed is None else check_int("seed", seed), logprobs_mode)
         if seed is not None:  # as vLLM's worker does: the process's own generators too
             seed_everything(seed)

@@ -37,7 +37,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .. import kernels
+from ..kernels import reference
 from ..kernels.layout import pad_block_ids
+from ..models import invariant
 from ..models.merged_projections import merge_projections
 from ..models.packed_linear import pack_linear_layers
 from .kv_cache import KVCache
@@ -62,6 +64,7 @@ class ForwardContext:
     decode_only: bool  # every sequence brings exactly one token
     backend: str
     plan: kernels.GatherPlan | None = None  # CPU decode (torch, compiled): built once, used by every layer
+    invariant: bool = False  # batch-invariant mode: every query length takes the one float64 path
 
 
 _context: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(
@@ -108,7 +111,10 @@ def paged_attention_forward(
     key_cache, value_cache = ctx.kv_cache.key_cache(layer), ctx.kv_cache.value_cache(layer)
     kernels.store_kv(k, v, key_cache, value_cache, ctx.slot_mapping, backend=ctx.backend)
     q = q.contiguous()
-    if ctx.decode_only:  # the plan (torch backend) was checked once for all layers: the cache is finite
+    if ctx.invariant:  # one path for every query length, sums in float64 (see ModelRunner)
+        out = reference.paged_prefill(q, key_cache, value_cache, ctx.block_tables, ctx.seq_lens,
+                                      ctx.query_start_loc, scaling, compute=torch.float64)  # fmt: skip
+    elif ctx.decode_only:  # the plan (torch backend) was checked once for all layers: the cache is finite
         out = kernels.paged_decode(q, key_cache, value_cache, ctx.block_tables, ctx.seq_lens, scaling,
                                    backend=ctx.backend, plan=ctx.plan)  # fmt: skip
     else:
@@ -130,7 +136,13 @@ AttentionMaskInterface.register(ATTENTION_NAME, _mask)
 class ModelRunner:
     """Packs a step's scheduled tokens into one row, runs the model, returns next-token logits."""
 
-    def __init__(self, model: PreTrainedModel, kv_cache: KVCache, backend: str = "auto") -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        kv_cache: KVCache,
+        backend: str = "auto",
+        batch_invariant: bool | None = False,
+    ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.device = next(model.parameters()).device
@@ -141,6 +153,14 @@ class ModelRunner:
         on_cpu = self.device.type == "cpu"
         self.num_merged_groups = merge_projections(model) if on_cpu else 0
         self.num_packed_layers = pack_linear_layers(model) if on_cpu else 0
+        #: Batch-invariant mode: a token's logits do not depend on what else the step runs (how many
+        #: sequences, how many drafts it verifies, prefill or decode): every linear layer multiplies
+        #: in fixed chunks of rows (:mod:`..models.invariant`) and attention takes one path for every
+        #: query length, its sums in float64 (:func:`..kernels.reference.attend`). Slower; see
+        #: ``bench batch-invariant``.
+        self.batch_invariant = invariant.requested(batch_invariant)  # None: VLLM_BATCH_INVARIANT
+        if self.batch_invariant:
+            invariant.make_linear_layers_invariant(model)
         self.base_model = model.base_model
         self.lm_head = model.get_output_embeddings()
         self.last_prepare_seconds = self.last_forward_seconds = 0.0  # timings of the latest step
@@ -168,6 +188,8 @@ class ModelRunner:
         61,440) take the eager gather, so a process whose steps stay small (most tests, the embedded
         model's notebooks, demo and sweeps) never compiles, and none pays the compile in the middle
         of a timed run it cannot win back."""
+        if self.batch_invariant:
+            return "torch"  # (attention takes the float64 path; K/V are stored by the reference)
         spec = self.kv_cache.spec
         elements = num_seqs * max_seq_len * spec.num_kv_heads * spec.head_dim * spec.num_layers
         if self.backend == "compiled" and elements < COMPILED_MIN_ELEMENTS:
@@ -207,19 +229,21 @@ class ModelRunner:
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
             decode_only=len(token_ids) == len(scheduled),
             backend=self.step_backend(len(scheduled), max(seq_lens, default=0)),
+            invariant=self.batch_invariant,
         )
-        if ctx.decode_only and ctx.backend in ("torch", "compiled"):
+        if ctx.decode_only and ctx.backend in ("torch", "compiled") and not ctx.invariant:
             ctx.plan = kernels.plan_decode(ctx.block_tables, ctx.seq_lens, self.kv_cache.key_cache(0))
         input_ids = torch.tensor([token_ids], device=device)
         position_ids = torch.tensor([positions], device=device)
         prepared = time.perf_counter()
-        with forward_context(ctx):
+        mode = invariant.batch_invariant() if self.batch_invariant else contextlib.nullcontext()
+        with forward_context(ctx), mode:
             hidden = self.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False)[0]
-        logits = (
-            self.lm_head(hidden[0, last_rows])
-            if last_rows
-            else hidden.new_zeros(0, self.lm_head.out_features)
-        )
+            logits = (
+                self.lm_head(hidden[0, last_rows])
+                if last_rows
+                else hidden.new_zeros(0, self.lm_head.out_features)
+            )
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         self.last_prepare_seconds = prepared - start

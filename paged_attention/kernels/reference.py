@@ -83,11 +83,19 @@ def gather_kv_padded(
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    visible: torch.Tensor,
+    scale: float,
+    compute: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``q[b, q_len, H, D]`` over ``k/v[b, kv_len, H_kv, D]``, where ``visible[b, q_len, kv_len]`` allows.
 
-    Returns float32 ``[b, q_len, H, D]`` (float64 for float64 inputs). Grouped-query attention: each
+    Returns ``[b, q_len, H, D]`` in ``compute``: by default float32 (float64 for float64 inputs);
+    float64 for any input makes the result independent, but for a chance of about 2**-40 per value
+    once rounded back to bfloat16 or float32, of how the rows were padded and batched (the engine's
+    batch-invariant mode). Grouped-query attention: each
     KV head serves the ``group = H // H_kv`` consecutive query heads above it, so the queries are
     regrouped under their KV head and every key is used by ``group * q_len`` query rows in one
     matrix product (no copies of K or V per query head).
@@ -96,7 +104,7 @@ def attend(
     num_kv_heads = k.shape[2]
     group = num_heads // num_kv_heads
     rows = group * q_len  # query rows per KV head, ordered (head in group, token)
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    compute = compute or (torch.float64 if q.dtype == torch.float64 else torch.float32)
     q = q.to(compute).view(b, q_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
     scores = q.reshape(b, num_kv_heads, rows, head_dim) @ k.to(compute).permute(0, 2, 3, 1) * scale
     mask = visible[:, None, None].expand(b, 1, group, q_len, visible.shape[-1]).reshape(b, 1, rows, -1)
@@ -151,6 +159,7 @@ def decode_with_plan(
     scale: float,
     zero_padding: bool = True,
     fused: bool = False,
+    compute: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Decode attention from a prebuilt :class:`GatherPlan` (no checks: the caller validated once).
 
@@ -159,9 +168,10 @@ def decode_with_plan(
     1.5-2x faster on a CPU, same math. It runs in the cache's own dtype: in bfloat16 or float16 its
     CPU kernel accumulates in float32, as :func:`attend` does, without converting the cache first
     (3x faster than converting). The explicit version stays the oracle; a test compares them.
+    ``compute`` (unfused only): :func:`attend`'s.
     """
     keys, values = gather_kv_padded(key_cache, value_cache, plan, zero_padding)
-    if fused and query.dtype != torch.float64:
+    if fused and query.dtype != torch.float64 and compute is None:
         out = torch.nn.functional.scaled_dot_product_attention(
             query[:, :, None],  # [seqs, heads, 1, dim]
             keys.transpose(1, 2),  # [seqs, kv_heads, max_len, dim]
@@ -171,7 +181,7 @@ def decode_with_plan(
             enable_gqa=True,
         )
         return out[:, :, 0]
-    return attend(query[:, None], keys, values, plan.valid[:, None, :], scale)[:, 0].to(query.dtype)
+    return attend(query[:, None], keys, values, plan.valid[:, None, :], scale, compute)[:, 0].to(query.dtype)
 
 
 def paged_prefill(
@@ -184,6 +194,7 @@ def paged_prefill(
     scale: float | None = None,
     fused: bool = False,
     decode: DecodeFn | None = None,
+    compute: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Packed new tokens attend causally: the ``j``-th of ``q_len`` new tokens of a sequence with
     ``seq_len`` cached tokens (new ones included) sits at position ``seq_len - q_len + j``.
@@ -191,7 +202,8 @@ def paged_prefill(
     ``fused=True`` (the engine's CPU path): torch's ``scaled_dot_product_attention`` in the cache's
     dtype, as :func:`decode_with_plan` does; else :func:`attend`, the oracle. ``decode(query, key_cache,
     value_cache, plan, scale)`` replaces :func:`decode_with_plan` for the sequences that bring one
-    token (the compiled backend passes its in-place kernel)."""
+    token (the compiled backend passes its in-place kernel). ``compute=torch.float64`` (with
+    ``fused=False``): every row in float64, the batch-invariant mode's attention (see :func:`attend`)."""
     check_cache(query, key_cache, value_cache, allow_float64=True)
     check_tables(block_tables, seq_lens, key_cache, query.device)
     check_query_start_loc(query_start_loc, seq_lens, query.shape[0])
@@ -207,7 +219,9 @@ def paged_prefill(
         if decode is not None:
             out[rows] = decode(query[rows], key_cache, value_cache, plan, scale)
         else:
-            out[rows] = decode_with_plan(query[rows], key_cache, value_cache, plan, scale, fused=fused)
+            out[rows] = decode_with_plan(
+                query[rows], key_cache, value_cache, plan, scale, fused=fused, compute=compute
+            )
     for i, seq_len in enumerate(seq_lens.tolist()):
         if q_lens[i] == 1:
             continue
@@ -215,7 +229,7 @@ def paged_prefill(
         k, v = gather_kv(key_cache, value_cache, block_tables[i], seq_len)
         q_pos = seq_len - q_lens[i] + torch.arange(q_lens[i], device=query.device)
         visible = torch.arange(seq_len, device=query.device)[None, :] <= q_pos[:, None]
-        if fused and query.dtype != torch.float64:
+        if fused and query.dtype != torch.float64 and compute is None:
             # [1, heads, tokens, dim]: with a batch dimension torch takes its fused (flash) CPU
             # kernel, as transformers' own SDPA layers do; 3-D inputs take the math path, 2x slower
             heads_first = [t.transpose(0, 1)[None] for t in (query[start:end], k, v)]
@@ -223,9 +237,9 @@ def paged_prefill(
                 *heads_first, attn_mask=visible, scale=scale, enable_gqa=True
             )[0].transpose(0, 1)
         else:
-            out[start:end] = attend(query[None, start:end], k[None], v[None], visible[None], scale)[0].to(
-                query.dtype
-            )
+            out[start:end] = attend(query[None, start:end], k[None], v[None], visible[None], scale, compute)[
+                0
+            ].to(query.dtype)
     return out
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import invariant
 from .packed_linear import pack_weight, packed_product, packing_available, replace_layers, weight_state
 
 #: The groups merged, by attribute names of one parent module (transformers' Llama-family names).
@@ -73,6 +74,9 @@ class MergedProduct:
         """``x @ weight.T + bias`` for the whole group, from the packed weight where one is kept."""
         if self._state() != self.state:
             self.rebuild()  # a parameter was replaced or changed in place
+        return invariant.product(self._multiply, x)  # in fixed row chunks in batch-invariant mode
+
+    def _multiply(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x.dtype == torch.bfloat16:
             return packed_product(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)

@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import invariant
+
 
 @functools.cache
 def packing_available() -> bool:
@@ -74,6 +76,9 @@ class PackedLinear(torch.nn.Linear):
         self.packed_state = self._state()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return invariant.product(self._multiply, x)  # in fixed row chunks in batch-invariant mode
+
+    def _multiply(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
         if torch.is_grad_enabled() or x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
             return F.linear(x, weight, self.bias)

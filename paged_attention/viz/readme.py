@@ -203,6 +203,7 @@ BLOCKS: dict[str, tuple[Callable[..., str], str]] = {
     "speculative decoding results": (speculative_block, "bench spec-decode"),
     "dtype results": (readme_results.dtypes_block, "bench engine --model smollm2 --dtype float32 bfloat16"),
     "demo results": (readme_results.demo_block, "demo --save"),
+    "batch-invariant results": (readme_results.batch_invariant_block, "bench batch-invariant"),
     "allocator results": (readme_results.allocator_block, "bench allocator"),
     "engine results": (readme_results.engine_block, "bench engine"),
     "real engine results": (readme_results.engine_real_block, "bench engine --model smollm2 --requests 16"),

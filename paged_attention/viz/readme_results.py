@@ -48,7 +48,7 @@ def demo_block(folder: Path | None = None) -> str:
     rows = DEMO_ROWS
     lines = [
         f"`python -m paged_attention demo` ({where(r)}; model loaded in {r['load_seconds']:.1f} s; "
-        f"dtype: {r['dtype']}):",
+        f"dtype: {r['dtype']}; batch-invariant: {'on' if r.get('batch_invariant') else 'off'}):",
         "",
         "```",
         f"{'':34}{'contiguous':>12}{'paged':>10}",
@@ -62,10 +62,11 @@ def demo_block(folder: Path | None = None) -> str:
         *(
             [
                 f"  (in {r['dtype'].split(' ')[0]} a step's sums round differently when the batch",
-                "   differs, so a near-tie between two tokens can flip; "
-                "`--dtype float32` runs are identical)",
+                "   differs, so a near-tie between two tokens can flip; batch-invariant runs are identical)",
             ]
-            if r["identical"] < r["num_requests"] and r["dtype"].startswith(("bfloat16", "float16"))
+            if r["identical"] < r["num_requests"]
+            and not r.get("batch_invariant")
+            and r["dtype"].startswith(("bfloat16", "float16"))
             else []
         ),
         "",
@@ -75,6 +76,31 @@ def demo_block(folder: Path | None = None) -> str:
     for answer in r["answers"][:1]:
         lines += ["", f"> {answer['question']}", f"  {answer['text']}  [{answer['finish_reason']}]"]
     return "\n".join([*lines, "```"]) + "\n"
+
+
+def batch_invariant_block(folder: Path | None = None) -> str:
+    """``bench batch-invariant``: the demo's workload with the mode off and on, side by side."""
+    r = load("batch_invariant", folder)
+    lines = [
+        f"`python -m paged_attention bench batch-invariant` ({where(r)}; {r['model']}, dtype: "
+        f"{r['dtype'].split(' ')[0]}; the demo's {r['num_requests']} prompts, up to {r['max_tokens']} "
+        f"tokens, {len(r['runs']['off'])} alternating runs per mode, the best one shown):",
+        "",
+        "| batch-invariant | contiguous tokens/s | paged tokens/s | identical outputs (the two engines) |",
+        "|---|---|---|---|",
+    ]
+    for mode in ("off", "on"):
+        same = sorted({row["identical"] for row in r["runs"][mode]})
+        lines.append(
+            f"| {mode} | {r['best'][mode]['contiguous']:.1f} | {r['best'][mode]['paged']:.1f} | "
+            f"{' or '.join(map(str, same))}/{r['num_requests']} |"
+        )
+    cost = r["cost"]
+    lines += [
+        "",
+        f"The mode's throughput, on / off: contiguous {cost['contiguous']:.2f}x, paged {cost['paged']:.2f}x.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def dtypes_block(folder: Path | None = None) -> str:
