@@ -617,7 +617,6 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str | None]] = [
         400,
         "stream_options",
     ),
-    ("echo", "/v1/completions", {"prompt": "hi", "echo": True}, 400, "echo"),
     (
         "logit_bias key",
         "/v1/completions",

@@ -37,7 +37,7 @@ from .authentication import AuthenticationMiddleware
 from .errors import APIError, engine_error, error_body
 from .metrics import CONTENT_TYPE, prometheus_text
 from .protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
-from .responses import Choice, envelope, new_id, usage
+from .responses import Choice, Prompt, envelope, new_id, prompt_logprobs_json, usage
 
 log = logging.getLogger("paged_attention.serving")
 
@@ -110,7 +110,8 @@ def build_app(
         check_model(body.model)
         params = body.to_sampling_params(defaults)
         prompts: list[Any] = body.prompts()
-        return await _serve(raw, llm, prompts, params, body, "cmpl", "text_completion", model_name)
+        records = [Prompt(tokenizer.decode, body.echo, body.echo_only) for _ in prompts]
+        return await _serve(raw, llm, prompts, params, body, "cmpl", "text_completion", model_name, records)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, raw: Request) -> Response:
@@ -124,7 +125,10 @@ def build_app(
             chat_template,
             body.chat_template_kwargs,
         )
-        return await _serve(raw, llm, [prompt], params, body, "chatcmpl", "chat.completion", model_name)
+        records = [Prompt(tokenizer.decode)]
+        return await _serve(
+            raw, llm, [prompt], params, body, "chatcmpl", "chat.completion", model_name, records
+        )
 
     # -- vLLM's extra routes -------------------------------------------------------------------------------
     @app.get("/health")
@@ -200,13 +204,16 @@ async def _serve(
     prefix: str,
     kind: str,
     model_name: str,
+    records: list[Prompt],
 ) -> Response:
     """Add every prompt, then stream or gather their outputs (see the module docstring)."""
     response_id = new_id(prefix)
     chat = kind == "chat.completion"
     streams = await _add_all(llm, prompts, params, response_id, "messages" if chat else "prompt")
     choices = [
-        Choice(i * params.n + j, chat, params.logprobs) for i in range(len(prompts)) for j in range(params.n)
+        Choice(i * params.n + j, chat, params.logprobs, records[i])
+        for i in range(len(prompts))
+        for j in range(params.n)
     ]
     prompt_tokens = [0] * len(prompts)
     if body.stream:
@@ -230,7 +237,7 @@ async def _serve(
         async for index, output in _merged(streams):
             prompt_tokens[index] = len(output.prompt_token_ids)
             for delta in output.outputs:
-                choices[index * params.n + delta.index].add(delta)
+                choices[index * params.n + delta.index].add(delta, output)
 
     if not await _until_disconnect(raw, gather, streams):
         return Response(status_code=499)  # nginx's "client closed request": never sent, nobody reads it
@@ -240,6 +247,7 @@ async def _serve(
             **envelope(kind, response_id, model_name),
             "choices": [c.whole() for c in choices],
             "usage": usage(sum(prompt_tokens), completion_tokens),
+            **({"prompt_logprobs": prompt_logprobs_json(records[0].prompt_logprobs)} if chat else {}),
         }
     )
 
@@ -362,7 +370,7 @@ async def _events(
             prompt_tokens[index] = len(output.prompt_token_ids)
             for delta in output.outputs:
                 choice = choices[index * n + delta.index]
-                part = choice.add(delta)
+                part = choice.add(delta, output)
                 if part is None:
                     continue
                 chunk = {**head, "choices": [part]}

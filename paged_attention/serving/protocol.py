@@ -4,7 +4,7 @@ Types are checked strictly (``"temperature": "0.7"`` is refused, as a number is 
 are checked where the offline API checks them, by :class:`~paged_attention.engine.params.SamplingParams`
 and ``LLMEngine.add_request``, so that the server and ``LLM.generate`` accept and refuse the same
 things. Fields the server does not know are ignored, as vLLM ignores them; the ones it knows but
-cannot honour (``echo``, ``suffix``, ``tools``) are refused by name.
+cannot honour (``suffix``, ``tools``) are refused by name.
 
 Defaults: a field left out takes the model's generation-config default (``LLMEngine.sampling_defaults``,
 vLLM's ``generation_config="auto"``), then vLLM's. ``max_tokens`` left out is 16 for completions
@@ -53,6 +53,7 @@ class _Generation(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    prompt_logprobs: int | None = None  # vLLM's: each prompt token's log-probability and top ones
 
     def sampling_params(
         self, defaults: dict[str, Any], max_tokens: int | None, logprobs: int | None, **extra: Any
@@ -119,8 +120,6 @@ class CompletionRequest(_Generation):
 
     def prompts(self) -> list[str | dict[str, list[int]]]:
         """The engine prompts: strings, or ``{"prompt_token_ids": [...]}`` for token ids."""
-        if self.echo:
-            raise APIError("echo is not supported by this server", 400, "echo")
         if self.suffix is not None:
             raise APIError("suffix is not supported by this server", 400, "suffix")
         prompt = self.prompt
@@ -139,7 +138,20 @@ class CompletionRequest(_Generation):
         )
 
     def to_sampling_params(self, defaults: dict[str, Any]) -> SamplingParams:
-        return self.sampling_params(defaults, self.max_tokens, self.logprobs, best_of=self.best_of)
+        """vLLM's rules for ``echo``: its prompt tokens carry the ``logprobs`` asked for (unless
+        ``prompt_logprobs`` says otherwise), and ``max_tokens: 0`` generates one token, not shown."""
+        prompt_logprobs = self.prompt_logprobs
+        if prompt_logprobs is None and self.echo:
+            prompt_logprobs = self.logprobs
+        max_tokens = 1 if self.echo_only else self.max_tokens
+        return self.sampling_params(
+            defaults, max_tokens, self.logprobs, best_of=self.best_of, prompt_logprobs=prompt_logprobs
+        )
+
+    @property
+    def echo_only(self) -> bool:
+        """``echo`` with ``max_tokens: 0``: the prompt (and its logprobs) alone."""
+        return self.echo and self.max_tokens == 0
 
 
 class ChatCompletionRequest(_Generation):
@@ -167,7 +179,7 @@ class ChatCompletionRequest(_Generation):
             raise APIError("top_logprobs needs logprobs set to true", 400, "top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self.sampling_params(defaults, max_tokens, logprobs)
+        return self.sampling_params(defaults, max_tokens, logprobs, prompt_logprobs=self.prompt_logprobs)
 
 
 class TokenizeRequest(BaseModel):

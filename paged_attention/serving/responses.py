@@ -5,17 +5,24 @@ and tokens of each of its samples. A :class:`Choice` gathers one sample's deltas
 what OpenAI's API sends: a ``text_completion`` / ``chat.completion.chunk`` choice while streaming,
 or, at the end, the whole choice of a ``text_completion`` / ``chat.completion``. Choices are numbered
 ``prompt_index * n + sample_index``, as vLLM numbers them for a list of prompts.
+
+A :class:`Prompt` per prompt holds what its request's first output said about the prompt, for all
+its choices: vLLM's ``prompt_logprobs`` field, and ``echo`` (completions): a choice shows its
+prompt before its output, and with ``logprobs`` the prompt's tokens carry theirs too (the first one
+``None``: nothing predicts it), as vLLM answers lm-evaluation-harness's log-likelihood requests;
+with ``max_tokens: 0`` only the prompt is shown.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.logprobs import Logprob
-from ..engine.outputs import CompletionOutput
+from ..engine.outputs import CompletionOutput, RequestOutput
 
 #: JSON has no -inf: a token the filters removed gets this log-probability (vLLM's value).
 MIN_LOGPROB = -9999.0
@@ -41,6 +48,46 @@ def _token(token_id: int, logprob: Logprob) -> str:
     return logprob.decoded_token if logprob.decoded_token is not None else f"token_id:{token_id}"
 
 
+def prompt_logprobs_json(entries: list[dict[int, Logprob] | None] | None) -> list | None:
+    """A request's prompt log-probabilities as vLLM's response field ``prompt_logprobs``."""
+    if entries is None:
+        return None
+    return [
+        None
+        if entry is None
+        else {
+            str(t): {"logprob": _value(lp), "rank": lp.rank, "decoded_token": lp.decoded_token}
+            for t, lp in entry.items()
+        }
+        for entry in entries
+    ]
+
+
+@dataclass
+class Prompt:
+    """One prompt as its choices report it (see the module docstring), filled in from the outputs
+    of its request (:meth:`see`)."""
+
+    decode: Callable[[list[int]], str]  # the front's tokenizer: the first token's text
+    show: bool = False  # echo: the choices show the prompt before their output
+    only: bool = False  # echo with max_tokens 0: the prompt alone, the token generated for it hidden
+    text: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+    entries: list[dict[int, Logprob] | None] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+
+    def see(self, output: RequestOutput) -> None:
+        if self.text is None:  # a token-id prompt has no text of its own: its tokens decoded
+            self.token_ids = list(output.prompt_token_ids or [])
+            self.text = output.prompt if output.prompt is not None else self.decode(self.token_ids)
+        if output.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = output.prompt_logprobs
+
+    @property
+    def first_token(self) -> str:
+        return self.decode(self.token_ids[:1])
+
+
 @dataclass
 class Choice:
     """One sample's progress: what was sent, what is new (see the module docstring)."""
@@ -48,37 +95,52 @@ class Choice:
     index: int
     chat: bool
     top_logprobs: int | None  # None: no logprobs asked for
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    prompt: Prompt | None = None  # its prompt's record (shown first with echo)
+    text: str = ""  # what the client was sent
+    token_ids: list[int] = field(default_factory=list)  # generated (the usage counts them)
+    shown_ids: list[int] = field(default_factory=list)  # the tokens of `text`: echoed prompt, output
+    logprobs: list[dict[int, Logprob] | None] = field(default_factory=list)  # one per shown token
+    echoed: bool = False
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
-    def add(self, delta: CompletionOutput) -> dict[str, Any] | None:
+    def add(self, delta: CompletionOutput, output: RequestOutput | None = None) -> dict[str, Any] | None:
         """Take one delta; return the stream chunk's choice for it (``None`` if it adds nothing:
         no text, no token and no finish). A token without text yet (part of a character, or text
         held back while it may begin a stop string) still gets its chunk, as in vLLM: its logprobs."""
+        if self.prompt is not None and output is not None:
+            self.prompt.see(output)
         first_text_offset = len(self.text)
-        self.text += delta.text
         self.token_ids += delta.token_ids
-        new_logprobs = list(delta.logprobs or [])
+        text, ids, new_logprobs = delta.text, list(delta.token_ids), list(delta.logprobs or [])
+        echo = self.prompt if self.prompt is not None and self.prompt.show else None
+        if echo is not None:
+            if echo.only:
+                text, ids, new_logprobs = "", [], []
+            if not self.echoed:  # the prompt, with this choice's first output
+                self.echoed = True
+                prompt_entries = echo.prompt_logprobs or [None] * len(echo.token_ids)
+                text = (echo.text or "") + text
+                ids, new_logprobs = [*echo.token_ids, *ids], [*prompt_entries, *new_logprobs]
+        self.text += text
+        self.shown_ids += ids
         self.logprobs += new_logprobs
         if delta.finish_reason is not None:
             self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
-        if not delta.text and not delta.token_ids and delta.finish_reason is None:
+        if not text and not ids and delta.finish_reason is None:
             return None
-        logprobs = self._logprobs(delta.token_ids, new_logprobs, first_text_offset)
+        logprobs = self._logprobs(ids, new_logprobs, first_text_offset)
         if self.chat:
             return {
                 "index": self.index,
-                "delta": {"content": delta.text} if delta.text else {},
+                "delta": {"content": text} if text else {},
                 "logprobs": logprobs,
                 "finish_reason": delta.finish_reason,
                 "stop_reason": delta.stop_reason,
             }
         return {
             "index": self.index,
-            "text": delta.text,
+            "text": text,
             "logprobs": logprobs,
             "finish_reason": delta.finish_reason,
             "stop_reason": delta.stop_reason,
@@ -86,7 +148,7 @@ class Choice:
 
     def whole(self) -> dict[str, Any]:
         """The finished choice of a non-streamed response."""
-        logprobs = self._logprobs(self.token_ids, self.logprobs, 0)
+        logprobs = self._logprobs(self.shown_ids, self.logprobs, 0)
         base = {
             "index": self.index,
             "logprobs": logprobs,
@@ -95,15 +157,26 @@ class Choice:
         }
         if self.chat:
             return {**base, "message": {"role": "assistant", "content": self.text}}
-        return {**base, "text": self.text}
+        prompt = self.prompt.prompt_logprobs if self.prompt is not None else None
+        return {**base, "text": self.text, "prompt_logprobs": prompt_logprobs_json(prompt)}
 
-    def _logprobs(self, token_ids: list[int], entries: list[dict[int, Logprob]], text_offset: int) -> Any:
+    def _logprobs(
+        self, token_ids: list[int], entries: list[dict[int, Logprob] | None], text_offset: int
+    ) -> Any:
         if self.top_logprobs is None:
             return None
         if self.chat:
             return {"content": [self._chat_entry(t, e) for t, e in zip(token_ids, entries, strict=True)]}
         tokens, values, tops, offsets = [], [], [], []
         for token_id, entry in zip(token_ids, entries, strict=True):
+            if entry is None:  # an echoed prompt's first token: nothing predicts it
+                token = self.prompt.first_token if self.prompt is not None else f"token_id:{token_id}"
+                tokens.append(token)
+                values.append(None)
+                tops.append(None)
+                offsets.append(text_offset)
+                text_offset += len(token)
+                continue
             chosen = entry[token_id]
             tokens.append(_token(token_id, chosen))
             values.append(_value(chosen))
