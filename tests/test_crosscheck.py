@@ -92,3 +92,42 @@ def test_the_peer_workload_is_seeded_and_sized_as_documented() -> None:
     lengths = [len(p["prompt_token_ids"]) for p in prompts]
     assert len(prompts) == 64 and min(lengths) >= 27 and max(lengths) <= 300
     assert prompts == workload(tokenizer, 64) and prompts != workload(tokenizer, 64, seed=1)
+
+
+def test_the_echo_comparison_reports_each_kind_of_difference() -> None:
+    """:mod:`~paged_attention.experiments.crosscheck_echo` on answers from this package's own server
+    (the tiny model): equal to themselves; a moved log-probability, a changed rank, a ``null``
+    that is not, another text and a missing field are each reported."""
+    from paged_attention.engine.chat import PLAIN_TEMPLATE
+    from paged_attention.engine.llm_engine import LLMEngine
+    from paged_attention.experiments import crosscheck_echo
+    from paged_attention.serving import AsyncLLM, ServerThread, build_app
+
+    server = ServerThread(build_app(AsyncLLM(LLMEngine(None, num_kv_blocks=32)), "tiny", PLAIN_TEMPLATE))
+    server.start()
+    try:
+        ours = crosscheck_echo.ask(server.url)
+    finally:
+        server.stop()
+    assert all("error" not in answer for answer in ours)
+    assert crosscheck_echo.compare(ours, copy.deepcopy(ours)) == []
+    cases = []
+    moved = copy.deepcopy(ours)
+    moved[0]["choices"][0]["logprobs"]["token_logprobs"][3] -= 0.01
+    cases.append((moved, "token_logprobs[3]"))
+    ranked = copy.deepcopy(ours)
+    entry = ranked[3]["choices"][0]["prompt_logprobs"][2]
+    next(iter(entry.values()))["rank"] += 1
+    cases.append((ranked, "prompt_logprobs[2]"))
+    first = copy.deepcopy(ours)
+    first[1]["choices"][0]["logprobs"]["token_logprobs"][0] = -1.0
+    cases.append((first, "token_logprobs[0]"))
+    text = copy.deepcopy(ours)
+    text[2]["choices"][0]["text"] += "!"
+    cases.append((text, "text"))
+    chat = copy.deepcopy(ours)
+    chat[4]["prompt_logprobs"] = None
+    cases.append((chat, "prompt_logprobs"))
+    for theirs, where in cases:
+        found = crosscheck_echo.compare(ours, theirs)
+        assert found and all(where in line for line in found), (where, found)

@@ -268,6 +268,16 @@ def test_tokenize_prompt_and_messages(served: Served, http: httpx.Client) -> Non
     )
 
 
+def test_detokenize_gives_back_the_text(served: Served, http: httpx.Client) -> None:
+    ids = http.post("/tokenize", json={"prompt": PROMPT, "add_special_tokens": False}).json()["tokens"]
+    assert http.post("/detokenize", json={"tokens": ids}).json() == {"prompt": PROMPT}
+    assert http.post("/detokenize", json={"tokens": []}).json() == {"prompt": ""}
+    outside = http.post("/detokenize", json={"tokens": [1, 10**6]})
+    assert outside.status_code == 400 and outside.json()["error"]["param"] == "tokens"
+    other = http.post("/detokenize", json={"model": "another", "tokens": [1]})
+    assert other.status_code == 404
+
+
 # -- completions and chat: shapes, usage, finish reasons, the offline outputs ------------------------------
 def test_completion_matches_offline(
     served: Served, client: openai.OpenAI, http: httpx.Client, offline: LLM

@@ -19,6 +19,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..experiments.crosscheck import Check
 
 VLLM_PYTHON = ".venv-vllm/bin/python"
 EXAMPLES = Path(__file__).resolve().parents[2] / "tests" / "vllm_examples"
@@ -150,4 +154,24 @@ def _serve_checks(vllm_bin: Path, model: str, out: Path, serving: dict[str, dict
             else:
                 check.notes.append("every request completed")
         checks.append(check)
+    checks.append(_echo_check(out))
     return checks
+
+
+def _echo_check(out: Path) -> Check:
+    """The same echo / logprobs / prompt_logprobs requests, answered by both servers: compared."""
+    from ..experiments.crosscheck import Check
+    from ..experiments.crosscheck_echo import REQUESTS, compare
+
+    check = Check("echo, logprobs, prompt_logprobs: ours vs vllm serve")
+    try:
+        ours, theirs = (json.loads((out / f"echo-{who}.json").read_text()) for who in ("ours", "vllm"))
+    except (OSError, ValueError) as error:
+        check.fail(f"no answers to compare: {error}")
+        return check
+    check.requests = len(REQUESTS)
+    for difference in compare(ours, theirs):
+        check.fail(difference)
+    if check.ok:
+        check.notes.append("texts, tokens, usage, ranks the same; log-probabilities within 2e-3")
+    return check

@@ -6,7 +6,8 @@
 
 Both run unchanged, on 127.0.0.1 and free ports, with a bounded number of requests; each summary is
 saved. What is checked is that every request completed; the timings are kept, not asserted (two
-engines and a client share two cores).
+engines and a client share two cores). While each server is up, it also answers the requests of
+:mod:`.crosscheck_echo` (``echo``, ``logprobs``, ``prompt_logprobs``), saved for the comparison.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..serving.launch import LOCALHOST, ServerProcess, free_port, wait_healthy
+from .crosscheck_echo import ask
 
 NUM_PROMPTS = 16  # requests each load generator sends: every one must complete
 
@@ -37,6 +39,7 @@ def vllm_client_against_ours(
              "--seed", "0", "--save-result", "--result-dir", str(out), "--result-filename", result.name],
             env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=900,
         )  # fmt: skip
+        (out / "echo-ours.json").write_text(json.dumps(ask(server.url)))
     (out / "vllm-bench-serve.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise RuntimeError(f"vllm bench serve failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -63,6 +66,7 @@ def our_client_against_vllm(vllm_bin: str, model: str, out: Path, env: dict[str,
                  "--result-file", str(result)],
                 capture_output=True, text=True, timeout=900,
             )  # fmt: skip
+            (out / "echo-vllm.json").write_text(json.dumps(ask(url)))
         finally:
             server.terminate()
             try:

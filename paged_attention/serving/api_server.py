@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both stream with server-sent
 events when ``"stream": true``, ending with ``data: [DONE]``), ``GET /v1/models``, ``GET /health``,
-``POST /tokenize``, ``GET /metrics`` (Prometheus), ``GET /version``.
+``POST /tokenize`` and ``POST /detokenize`` (:mod:`.tokenization`), ``GET /metrics`` (Prometheus),
+``GET /version``.
 
 The path of one request: the body is checked (:mod:`.protocol`); a chat is rendered by the chat
 template with the front's own tokenizer (vLLM's front process has its own too); each prompt is
@@ -29,15 +30,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from .. import __version__
-from ..engine.chat import as_conversations, render_chat
 from ..engine.outputs import RequestOutput
 from ..engine.params import SamplingParams
 from .async_llm import AsyncLLM, EngineDead, EngineOverloaded, RequestStream
 from .authentication import AuthenticationMiddleware
 from .errors import APIError, engine_error, error_body
 from .metrics import CONTENT_TYPE, prometheus_text
-from .protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
+from .protocol import ChatCompletionRequest, CompletionRequest
 from .responses import Choice, Prompt, envelope, new_id, prompt_logprobs_json, usage
+from .tokenization import render, tokenizer_routes
 
 log = logging.getLogger("paged_attention.serving")
 
@@ -117,7 +118,7 @@ def build_app(
     async def chat(body: ChatCompletionRequest, raw: Request) -> Response:
         check_model(body.model)
         params = body.to_sampling_params(defaults)
-        prompt = _render(
+        prompt = render(
             tokenizer,
             body.messages,
             body.add_generation_prompt,
@@ -139,46 +140,13 @@ def build_app(
     async def version() -> dict:
         return {"version": __version__}
 
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict:
-        check_model(body.model)
-        if (body.prompt is None) == (body.messages is None):
-            raise APIError("give exactly one of prompt and messages", 400, "prompt")
-        if body.messages is not None:
-            ids = _render(tokenizer, body.messages, body.add_generation_prompt, False, chat_template, None)[
-                "prompt_token_ids"
-            ]
-        else:
-            ids = list(tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"])
-        out = {"count": len(ids), "max_model_len": max_model_len, "tokens": ids}
-        if body.return_token_strs:
-            out["token_strs"] = tokenizer.convert_ids_to_tokens(ids)
-        return out
-
     @app.get("/metrics")
     async def metrics() -> Response:
         records = await llm.call(lambda e: e.get_metrics())
         return Response(prometheus_text(records, model_name), media_type=CONTENT_TYPE)
 
+    app.include_router(tokenizer_routes(tokenizer, chat_template, max_model_len, check_model))
     return app
-
-
-def _render(
-    tokenizer: Any,
-    messages: list,
-    add_generation_prompt: bool,
-    continue_final: bool,
-    chat_template: str | None,
-    kwargs: dict | None,
-) -> dict:
-    """A conversation as an engine prompt (text and ids), or a 400 naming ``messages``."""
-    try:
-        [conversation] = as_conversations(messages)
-        return render_chat(
-            tokenizer, conversation, add_generation_prompt, continue_final, chat_template, kwargs
-        )
-    except (ValueError, TypeError) as err:
-        raise APIError(str(err), 400, "messages") from err
 
 
 def _validation_body(err: RequestValidationError) -> dict:

@@ -180,7 +180,11 @@ class Choice:
             chosen = entry[token_id]
             tokens.append(_token(token_id, chosen))
             values.append(_value(chosen))
-            tops.append({_token(t, lp): _value(lp) for t, lp in self._top(entry)} or None)
+            # vLLM's rule for completions: the entry's first top_logprobs + 1 tokens, the chosen one first
+            n = self.top_logprobs
+            tops.append(
+                {_token(t, lp): _value(lp) for i, (t, lp) in enumerate(entry.items()) if n < 0 or i <= n}
+            )
             offsets.append(text_offset)
             text_offset += len(chosen.decoded_token or "")
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
