@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from paged_attention.experiments.crosscheck import LOGPROB_TOL, MISSING_FIELDS, compare
+from paged_attention.experiments.crosscheck import LOGPROB_TOL, MISSING_FIELDS, Check, compare
 
 
 def _answers() -> dict:
@@ -110,7 +110,14 @@ def test_the_echo_comparison_reports_each_kind_of_difference() -> None:
     finally:
         server.stop()
     assert all("error" not in answer for answer in ours)
-    assert crosscheck_echo.compare(ours, copy.deepcopy(ours)) == []
+
+    def differences(theirs: list[dict]) -> list[str]:
+        check = Check("echo")
+        crosscheck_echo.compare(check, ours, theirs)
+        assert check.ok == (not check.notes)
+        return check.notes
+
+    assert differences(copy.deepcopy(ours)) == []
     cases = []
     moved = copy.deepcopy(ours)
     moved[0]["choices"][0]["logprobs"]["token_logprobs"][3] -= 0.01
@@ -118,7 +125,7 @@ def test_the_echo_comparison_reports_each_kind_of_difference() -> None:
     ranked = copy.deepcopy(ours)
     entry = ranked[3]["choices"][0]["prompt_logprobs"][2]
     next(iter(entry.values()))["rank"] += 1
-    cases.append((ranked, "prompt_logprobs[2]"))
+    cases.append((ranked, "prompt_logprobs position 2"))
     first = copy.deepcopy(ours)
     first[1]["choices"][0]["logprobs"]["token_logprobs"][0] = -1.0
     cases.append((first, "token_logprobs[0]"))
@@ -129,5 +136,5 @@ def test_the_echo_comparison_reports_each_kind_of_difference() -> None:
     chat[4]["prompt_logprobs"] = None
     cases.append((chat, "prompt_logprobs"))
     for theirs, where in cases:
-        found = crosscheck_echo.compare(ours, theirs)
+        found = differences(theirs)
         assert found and all(where in line for line in found), (where, found)

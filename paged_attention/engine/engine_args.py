@@ -137,7 +137,7 @@ class EngineArgs:
             flag = "--" + f.name.replace("_", "-")
             if f.name in ("hf_overrides", "profiler_config", "speculative_config"):
                 group.add_argument(flag, type=json.loads, default=None, help="JSON")
-            elif f.default is True or f.default is False or f.name == "batch_invariant":
+            elif isinstance(f.default, bool) or f.type == "bool | None":  # None: not given
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
             else:
                 group.add_argument(flag, type=_parser_for(f.default, f.type), default=f.default,

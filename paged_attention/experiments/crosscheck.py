@@ -65,11 +65,15 @@ def run_probe(python: str, engine: str, cases: Path, out: Path, env: dict[str, s
     return json.loads(out.read_text())
 
 
-def _close(a: float | None, b: float | None) -> bool:
+def close(a: float | None, b: float | None) -> bool:
+    """Both ``None``, or two log-probabilities within :data:`LOGPROB_TOL`."""
     return (a is None) == (b is None) and (a is None or b is None or abs(a - b) <= LOGPROB_TOL)
 
 
-def _compare_logprobs(check: Check, where: str, ours: Any, theirs: Any) -> None:
+def compare_logprobs(check: Check, where: str, ours: Any, theirs: Any) -> None:
+    """Two lists of positions, each ``None`` or ``[(token_id, logprob, rank, text), ...]`` with the
+    chosen (or prompt) token first: the same tokens, ranks and texts, logprobs within the tolerance
+    (the last of a top-k may swap with a near tie)."""
     if (ours is None) != (theirs is None):
         check.fail(f"{where}: logprobs {'missing' if ours is None else 'unexpected'} here")
         return
@@ -121,7 +125,7 @@ def _compare_outputs(check: Check, ours: list[dict], theirs: list[dict]) -> None
         for key in ("prompt", "prompt_token_ids", "finished", "num_cached_tokens"):
             if a[key] != b[key]:
                 check.fail(f"request {i}: {key} {str(a[key])[:60]!r} here, vLLM {str(b[key])[:60]!r}")
-        _compare_logprobs(check, f"request {i} prompt", a["prompt_logprobs"], b["prompt_logprobs"])
+        compare_logprobs(check, f"request {i} prompt", a["prompt_logprobs"], b["prompt_logprobs"])
         _compare_fields(check, "RequestOutput", a["fields"], b["fields"])
         if len(a["outputs"]) != len(b["outputs"]):
             check.fail(f"request {i}: {len(a['outputs'])} samples, vLLM {len(b['outputs'])}")
@@ -132,11 +136,11 @@ def _compare_outputs(check: Check, ours: list[dict], theirs: list[dict]) -> None
             for key in ("index", "token_ids", "text", "finish_reason", "stop_reason"):
                 if x[key] != y[key]:
                     check.fail(f"{where}: {key} {str(x[key])[:80]} here, vLLM {str(y[key])[:80]}")
-            if not _close(x["cumulative_logprob"], y["cumulative_logprob"]):
+            if not close(x["cumulative_logprob"], y["cumulative_logprob"]):
                 check.fail(
                     f"{where}: cumulative_logprob {x['cumulative_logprob']}, vLLM {y['cumulative_logprob']}"
                 )
-            _compare_logprobs(check, where, x["logprobs"], y["logprobs"])
+            compare_logprobs(check, where, x["logprobs"], y["logprobs"])
             _compare_fields(check, "CompletionOutput", x["fields"], y["fields"])
 
 

@@ -2,9 +2,10 @@
 to this package's server, their answers compared field by field.
 
 :func:`ask` sends :data:`REQUESTS` to one server (greedy, float32) and returns the JSON answers;
-:func:`compare` lists every difference: texts, tokens, finish reasons and usage exactly; the
-log-probabilities within :data:`TOLERANCE` (two engines' float32 sums); ranks and decoded tokens
-exactly; which positions are ``null`` exactly.
+:func:`compare` fails a :class:`~.crosscheck.Check` on every difference: texts, tokens, finish
+reasons and usage exactly; ``prompt_logprobs`` by the offline cross-check's own rule
+(:func:`~.crosscheck.compare_logprobs`), and the completions' ``logprobs`` values within its
+:data:`~.crosscheck.LOGPROB_TOL`; which positions are ``null`` exactly.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 import httpx
 
-TOLERANCE = 2e-3
+from .crosscheck import Check, close, compare_logprobs
+
 TEXT = "The capital of France is Paris. The capital of Italy is"
 IDS = "token ids"  # stands for TEXT's token ids, from the server's own /tokenize
 
@@ -57,70 +59,64 @@ def ask(url: str) -> list[dict[str, Any]]:
         return answers
 
 
-def compare(ours: list[dict], theirs: list[dict]) -> list[str]:
-    """Every difference between two servers' answers to :data:`REQUESTS` (empty: the same)."""
-    found: list[str] = []
+def compare(check: Check, ours: list[dict], theirs: list[dict]) -> None:
+    """Fail ``check`` on every difference between two servers' answers to :data:`REQUESTS`."""
     for (route, body), a, b in zip(REQUESTS, ours, theirs, strict=True):
         where = f"{route} {sorted(body)}"
         if "error" in a or "error" in b:
-            found.append(f"{where}: an error: ours {a.get('error')}, vLLM's {b.get('error')}")
+            check.fail(f"{where}: an error: ours {a.get('error')}, vLLM's {b.get('error')}")
             continue
         counts = ("prompt_tokens", "completion_tokens", "total_tokens")  # (vLLM adds null details)
-        _same(found, f"{where} usage", *({k: u["usage"].get(k) for k in counts} for u in (a, b)))
-        _logprob_lists(found, f"{where} prompt_logprobs", a.get("prompt_logprobs"), b.get("prompt_logprobs"))
+        _same(check, f"{where} usage", *({k: u["usage"].get(k) for k in counts} for u in (a, b)))
+        prompt = f"{where} prompt_logprobs"
+        compare_logprobs(
+            check, prompt, _entries(a.get("prompt_logprobs")), _entries(b.get("prompt_logprobs"))
+        )
         for x, y in zip(a["choices"], b["choices"], strict=True):
-            _same(found, f"{where} finish_reason", x["finish_reason"], y["finish_reason"])
+            _same(check, f"{where} finish_reason", x["finish_reason"], y["finish_reason"])
             if "text" in x:
-                _same(found, f"{where} text", x["text"], y["text"])
-                _logprob_lists(found, f"{where} prompt_logprobs", x["prompt_logprobs"], y["prompt_logprobs"])
-                _completion_logprobs(found, where, x["logprobs"], y["logprobs"])
+                _same(check, f"{where} text", x["text"], y["text"])
+                compare_logprobs(
+                    check, prompt, _entries(x["prompt_logprobs"]), _entries(y["prompt_logprobs"])
+                )
+                _completion_logprobs(check, where, x["logprobs"], y["logprobs"])
             else:
-                _same(found, f"{where} content", x["message"]["content"], y["message"]["content"])
-    return found
+                _same(check, f"{where} content", x["message"]["content"], y["message"]["content"])
 
 
-def _same(found: list[str], what: str, a: Any, b: Any) -> None:
+def _entries(field: list | None) -> list | None:
+    """vLLM's JSON ``prompt_logprobs`` (``{"token id": {logprob, rank, decoded_token}}`` per position)
+    in the offline cross-check's form, ``[(token_id, logprob, rank, text), ...]``, order kept."""
+    if field is None:
+        return None
+    return [
+        None
+        if entry is None
+        else [(int(t), e["logprob"], e["rank"], e["decoded_token"]) for t, e in entry.items()]
+        for entry in field
+    ]
+
+
+def _same(check: Check, what: str, a: Any, b: Any) -> None:
     if a != b:
-        found.append(f"{what}: ours {str(a)[:120]}, vLLM's {str(b)[:120]}")
+        check.fail(f"{what}: ours {str(a)[:120]}, vLLM's {str(b)[:120]}")
 
 
-def _close(found: list[str], what: str, a: float | None, b: float | None) -> None:
-    if (a is None) != (b is None) or (a is not None and b is not None and abs(a - b) > TOLERANCE):
-        found.append(f"{what}: ours {a}, vLLM's {b}")
-
-
-def _completion_logprobs(found: list[str], where: str, a: dict | None, b: dict | None) -> None:
+def _completion_logprobs(check: Check, where: str, a: dict | None, b: dict | None) -> None:
+    """The completions ``logprobs`` object: tokens and offsets exactly, values within the tolerance."""
     if a is None or b is None:
-        _same(found, f"{where} logprobs", a, b)
+        _same(check, f"{where} logprobs", a, b)
         return
     for key in ("tokens", "text_offset"):
-        _same(found, f"{where} logprobs.{key}", a[key], b[key])
+        _same(check, f"{where} logprobs.{key}", a[key], b[key])
     for i, (x, y) in enumerate(zip(a["token_logprobs"], b["token_logprobs"], strict=True)):
-        _close(found, f"{where} token_logprobs[{i}]", x, y)
+        if not close(x, y):
+            check.fail(f"{where} token_logprobs[{i}]: ours {x}, vLLM's {y}")
     for i, (x, y) in enumerate(zip(a["top_logprobs"], b["top_logprobs"], strict=True)):
         if x is None or y is None:
-            _same(found, f"{where} top_logprobs[{i}]", x, y)
+            _same(check, f"{where} top_logprobs[{i}]", x, y)
             continue
-        _same(found, f"{where} top_logprobs[{i}] tokens", sorted(x), sorted(y))
+        _same(check, f"{where} top_logprobs[{i}] tokens", sorted(x), sorted(y))
         for token in set(x) & set(y):
-            _close(found, f"{where} top_logprobs[{i}][{token!r}]", x[token], y[token])
-
-
-def _logprob_lists(found: list[str], what: str, a: list | None, b: list | None) -> None:
-    if a is None or b is None or len(a) != len(b):
-        _same(found, what, a if a is None else len(a), b if b is None else len(b))
-        return
-    for i, (x, y) in enumerate(zip(a, b, strict=True)):
-        if x is None or y is None:
-            _same(found, f"{what}[{i}]", x, y)
-            continue
-        _same(found, f"{what}[{i}] token ids", sorted(x), sorted(y))
-        for token in set(x) & set(y):
-            _close(found, f"{what}[{i}][{token}].logprob", x[token]["logprob"], y[token]["logprob"])
-            _same(found, f"{what}[{i}][{token}].rank", x[token]["rank"], y[token]["rank"])
-            _same(
-                found,
-                f"{what}[{i}][{token}].decoded_token",
-                x[token]["decoded_token"],
-                y[token]["decoded_token"],
-            )
+            if not close(x[token], y[token]):
+                check.fail(f"{where} top_logprobs[{i}][{token!r}]: ours {x[token]}, vLLM's {y[token]}")

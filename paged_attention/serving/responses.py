@@ -73,7 +73,6 @@ class Prompt:
     only: bool = False  # echo with max_tokens 0: the prompt alone, the token generated for it hidden
     text: str | None = None
     token_ids: list[int] = field(default_factory=list)
-    entries: list[dict[int, Logprob] | None] = field(default_factory=list)
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     def see(self, output: RequestOutput) -> None:

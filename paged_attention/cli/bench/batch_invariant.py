@@ -21,6 +21,7 @@ from ..demo import run_demo
 from ._results import write_results
 
 MODES = {"off": False, "on": True}
+ENGINES = ("contiguous", "paged")
 
 
 def main(args: list[str] | None = None) -> None:
@@ -44,18 +45,15 @@ def main(args: list[str] | None = None) -> None:
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 result = run_demo(opts.requests, max_tokens=opts.max_tokens, threads=threads,
                                   dtype=opts.dtype, batch_invariant=on)  # fmt: skip
-            row = {engine: result[engine]["tokens_per_second"] for engine in ("contiguous", "paged")} | {
-                "identical": result["identical"]
-            }
+            row = {engine: result[engine]["tokens_per_second"] for engine in ENGINES}
+            row["identical"] = result["identical"]
             runs[name].append(row)
             print(
                 f"run {i + 1}, mode {name:>3}: contiguous {row['contiguous']:6.1f} tok/s, paged "
                 f"{row['paged']:6.1f} tok/s, identical outputs {row['identical']}/{opts.requests}"
             )
-    best = {
-        name: {e: max(r[e] for r in rows) for e in ("contiguous", "paged")} for name, rows in runs.items()
-    }
-    cost = {e: best["on"][e] / best["off"][e] for e in ("contiguous", "paged")}
+    best = {name: {e: max(r[e] for r in rows) for e in ENGINES} for name, rows in runs.items()}
+    cost = {e: best["on"][e] / best["off"][e] for e in ENGINES}
     ratios = ", ".join(f"{engine} {ratio:.2f}x" for engine, ratio in cost.items())
     print(f"\nbatch-invariant on / off, best runs: {ratios}")
     if not opts.no_save:
