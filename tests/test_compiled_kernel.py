@@ -2,9 +2,8 @@
 PyTorch reference and against SDPA on contiguous K/V, the same way as the Triton kernels: shuffled
 block tables, lengths 1, block_size, block_size + 1 and longer, and NaN in every slot it must not read.
 
-Each distinct (dtype, heads, head size, block size) compiles once per process (seconds the first time
-on a machine, then from inductor's on-disk cache), so the grid is a cycle through the combinations,
-not their product.
+Numba compiles the kernel once per cache dtype; the shapes are arguments, so the grid cycles through
+head layouts, head sizes, block sizes and dtypes (float16 takes the eager recipe by design).
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ from __future__ import annotations
 import itertools
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -58,24 +58,29 @@ def test_compiled_decode_matches_sdpa_on_contiguous_tensors():
         torch.testing.assert_close(out[i], expected, atol=1e-5, rtol=1e-5)
 
 
-def test_a_growing_batch_and_longer_tables_do_not_recompile():
-    """One graph serves every batch size, table width and cache size above 1 (dynamic dimensions;
-    dynamo compiles a size of 1 apart, so batch 1 and "every sequence within one block" are a
-    second and third graph)."""
-    from torch._dynamo.utils import counters
-
-    def run(seq_lens: list[int], seed: int) -> None:
-        case = make_paged_case(seq_lens, 8, 2, 64, torch.float32, seed=seed)
-        q = torch.randn(len(seq_lens), 4, 64)
+def test_sharp_and_flat_softmaxes_and_long_sequences_are_as_accurate_as_the_reference():
+    """Scores hundreds apart (the running maximum changes block after block, and most weights
+    underflow to zero) and scores all equal: against float64, the kernel's error is no larger than
+    the float32 reference's own (sharp scores are ill-conditioned in float32 for both)."""
+    case = make_paged_case([300, 77, 16], 16, 3, 64, torch.float32, seed=5)
+    generator = torch.Generator().manual_seed(5)
+    for factor in (40.0, 1.0, 0.0):
+        q = torch.randn(3, 9, 64, generator=generator) * factor
         args = (q, case.key_cache, case.value_cache, case.block_tables, case.seq_lens)
+        exact = reference.paged_decode(q.double(), case.key_cache.double(), case.value_cache.double(),
+                                       case.block_tables, case.seq_lens)  # fmt: skip
         out = kernels.paged_decode(*args, backend="compiled")
-        torch.testing.assert_close(out, reference.paged_decode(*args), **TOLERANCE[torch.float32])
+        reference_error = (reference.paged_decode(*args).double() - exact).abs().max().item()
+        assert (out.double() - exact).abs().max().item() <= 2 * reference_error + 1e-6
 
-    run([5, 9], 0)
-    before = counters["stats"]["unique_graphs"]
-    for seed, seq_lens in enumerate([[5, 9, 30], [70, 2, 8, 8, 19], [3] * 32 + [9], [120, 1]]):
-        run(seq_lens, seed)
-    assert counters["stats"]["unique_graphs"] == before
+
+def test_the_exp_is_accurate_over_the_range_softmax_uses():
+    from paged_attention.kernels.loop_nest import exp
+
+    x = np.linspace(-100.0, 0.0, 20001, dtype=np.float32)
+    got = np.array([exp(v) for v in x], dtype=np.float64)
+    want = np.exp(x.astype(np.float64))
+    assert np.all(np.abs(got - want) <= 4e-7 * want + 1e-37)
 
 
 def test_engine_decode_rows_inside_a_mixed_step_use_the_compiled_kernel():
@@ -111,13 +116,13 @@ def small_decode_args() -> tuple[torch.Tensor, ...]:
 
 
 def test_a_failed_compilation_warns_once_and_falls_back_to_the_same_numbers(monkeypatch):
-    """No C++ compiler (simulated): the first call warns, every call gives the eager recipe's result,
-    and ``auto`` then resolves to the torch backend in this process."""
+    """No Numba (simulated): the first call warns, every call gives the eager recipe's result, and
+    ``auto`` then resolves to the torch backend in this process."""
 
-    def broken(*args, **kwargs):
-        raise torch._dynamo.exc.BackendCompilerFailed("inductor", RuntimeError("no C++ compiler"), None)
+    def missing():
+        raise ModuleNotFoundError("No module named 'numba'")
 
-    monkeypatch.setattr(compiled, "_compiled", broken)
+    monkeypatch.setattr(compiled, "_compile", missing)
     monkeypatch.setattr(compiled, "_failed", None)
     args = small_decode_args()
     with pytest.warns(RuntimeWarning, match="falls back to the eager gather"):
@@ -128,27 +133,3 @@ def test_a_failed_compilation_warns_once_and_falls_back_to_the_same_numbers(monk
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once only
         kernels.paged_decode(*args, backend="compiled")
-
-
-def test_a_shape_past_the_recompile_limit_warns_once_and_stays_eager(monkeypatch):
-    """Dynamo refuses a compile past its recompile limit (a long test session meets many models):
-    that shape takes the eager recipe from then on, with one warning, and the same numbers."""
-    calls = []
-
-    def full(*args, **kwargs):
-        calls.append(args[0].shape)
-        raise torch._dynamo.exc.FailOnRecompileLimitHit("Hard failure due to fullgraph=True")
-
-    monkeypatch.setattr(compiled, "_compiled", full)
-    monkeypatch.setattr(compiled, "_failed", None)
-    monkeypatch.setattr(compiled, "_over_limit", set())
-    args = small_decode_args()
-    with pytest.warns(RuntimeWarning, match="dynamo's limit"):
-        out = kernels.paged_decode(*args, backend="compiled")
-    torch.testing.assert_close(out, reference.paged_decode(*args), **TOLERANCE[torch.float32])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once only, and the shape is not tried again
-        again = kernels.paged_decode(*args, backend="compiled")
-    torch.testing.assert_close(again, out)
-    assert len(calls) == 1
-    assert compiled.available()  # other shapes still compile

@@ -105,11 +105,9 @@ def test_triton_backend_under_the_interpreter_matches_too(models, tokenizer):
     assert [o.outputs[0].token_ids for o in outputs] == expected
 
 
-def test_compiled_backend_takes_the_large_steps_and_matches_generate(models, tokenizer, monkeypatch):
-    """The default CPU backend: decode steps that read at least COMPILED_MIN_ELEMENTS K elements over
-    all layers run the compiled in-place kernel, smaller ones the eager gather; greedy output equals
-    transformers'. (The threshold is lowered so that the embedded model's small steps cross it.)"""
-    from paged_attention.engine import model_runner
+def test_compiled_backend_takes_every_decode_step_and_matches_generate(models, tokenizer, monkeypatch):
+    """The default CPU backend: every decode step runs the compiled in-place kernel over the whole
+    batch; greedy output equals transformers'."""
     from paged_attention.kernels import compiled
 
     model = models["llama"]
@@ -120,23 +118,10 @@ def test_compiled_backend_takes_the_large_steps_and_matches_generate(models, tok
     monkeypatch.setattr(compiled, "paged_decode", lambda *a: calls.append(a[0].shape[0]) or real(*a))
     llm = LLM(model, tokenizer=tokenizer, block_size=16, num_kv_blocks=160)
     runner = llm.llm_engine.runner
-    spec = runner.kv_cache.spec
-    per_position = spec.num_kv_heads * spec.head_dim * spec.num_layers  # K elements one position reads
-    monkeypatch.setattr(model_runner, "COMPILED_MIN_ELEMENTS", 1024 * per_position)  # 1,024 positions
-    assert runner.backend == "compiled"
-    assert runner.step_backend(4, 100) == "torch" and runner.step_backend(12, 139) == "compiled"
+    assert runner.backend == "compiled" and runner.step_backend(1, 5) == "compiled"
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
     assert calls and max(calls) == 12  # the whole batch, in place
-
-
-def test_the_default_threshold_keeps_the_embedded_model_eager_and_compiles_smollm2_sized_steps(models):
-    from paged_attention.engine import model_runner
-
-    runner = LLM(models["llama"], num_kv_blocks=64).llm_engine.runner
-    assert runner.step_backend(64, 900) == "torch"  # 57,600 positions of 4 layers x 2 x 32: eager
-    smollm2_position = 3 * 64 * 30  # KV heads x head size x layers
-    assert 2730 * smollm2_position < model_runner.COMPILED_MIN_ELEMENTS <= 2731 * smollm2_position
 
 
 def _serve_with_arrivals(

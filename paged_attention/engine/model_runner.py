@@ -46,10 +46,6 @@ from .kv_cache import KVCache
 from .scheduler import ScheduledSequence
 
 ATTENTION_NAME = "paged_attention"
-#: Decode steps that read fewer K elements than this over all layers (sequences x longest context x
-#: KV heads x head size x layers) run eagerly: see :meth:`ModelRunner.step_backend`. SmolLM2's
-#: 2**19 per layer, times its 30 layers.
-COMPILED_MIN_ELEMENTS = 2**19 * 30
 
 
 @dataclass
@@ -179,21 +175,12 @@ class ModelRunner:
         self._saved = None
 
     def step_backend(self, num_seqs: int, max_seq_len: int) -> str:
-        """The backend of one step. The compiled in-place kernel is faster at every size, but its
-        first call in a process costs seconds (compiling, or loading inductor's cache), which only a
-        step that reads much pays back: measured per layer on a 2-core CPU, SmolLM2's heads (3 KV x
-        64) at 8 x 256 padded positions save 0.1 ms, at 16 x 256 0.5 ms, at 16 x 512 5.4 ms, and a
-        step saves that in every layer. Steps reading fewer than :data:`COMPILED_MIN_ELEMENTS` K
-        elements over all layers (SmolLM2: 2,731 positions; the embedded model, 4 layers of 2 x 32:
-        61,440) take the eager gather, so a process whose steps stay small (most tests, the embedded
-        model's notebooks, demo and sweeps) never compiles, and none pays the compile in the middle
-        of a timed run it cannot win back."""
+        """The backend of one step: the runner's, except in the batch-invariant mode. (The compiled
+        in-place kernel is faster than the eager gather at every size measured, from one sequence
+        of 32 tokens to 16 of 512: 2-12x per layer call on a 2-core CPU; its first call in a process
+        costs about half a second, importing Numba and loading its cached machine code.)"""
         if self.batch_invariant:
             return "torch"  # (attention takes the float64 path; K/V are stored by the reference)
-        spec = self.kv_cache.spec
-        elements = num_seqs * max_seq_len * spec.num_kv_heads * spec.head_dim * spec.num_layers
-        if self.backend == "compiled" and elements < COMPILED_MIN_ELEMENTS:
-            return "torch"
         return self.backend
 
     @property

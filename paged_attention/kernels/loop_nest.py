@@ -1,0 +1,93 @@
+"""The in-place decode attention loop nest that Numba compiles (:mod:`.compiled` calls it and tells why).
+
+``decode(query, key_cache, value_cache, blocks, seq_lens, out)``, all NumPy arrays: ``query[S, H, D]``
+float32, already multiplied by the softmax scale; caches ``[num_blocks, block_size, H_kv, D]``, float32
+or bfloat16 viewed as ``uint16``; ``blocks[S, W]`` and ``seq_lens[S]`` int64; ``out[S, H, D]`` float32,
+written. Numba compiles one machine-code version per cache dtype and keeps it in its disk cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+
+
+def widen(x):
+    """A cache element as float32 (Python stand-in; compiled code uses the overload below)."""
+    return x
+
+
+@overload(widen, inline="always")
+def _widen(x):
+    if isinstance(x, types.Integer):  # bfloat16, viewed as its 16 bits: the top half of a float32
+        return lambda x: np.uint32(np.uint32(x) << np.uint32(16)).view(np.float32)
+    return lambda x: np.float32(x)
+
+
+@njit(fastmath=True, inline="always")
+def exp(x):
+    """``e**x`` for ``x <= 0`` in float32, as arithmetic LLVM can vectorize (libm's ``expf``
+    is a call per element): ``2**n * e**r`` with ``|r| <= ln(2)/2`` and Cephes' polynomial."""
+    x = max(x, np.float32(-87.0))  # below, e**x underflows: 0 to float32's precision
+    n = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
+    r = x - n * np.float32(0.693359375) + n * np.float32(2.12194440e-4)
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    p = p * r * r + r + np.float32(1.0)
+    return p * np.uint32((np.int32(n) + np.int32(127)) << np.int32(23)).view(np.float32)
+
+
+@njit(fastmath=True, cache=True, boundscheck=False, nogil=True)
+def decode(query, key_cache, value_cache, blocks, seq_lens, out):  # pragma: no cover - compiled
+    num_seqs, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    group = num_heads // num_kv_heads
+    scores = np.empty((group, block_size), np.float32)  # one block's, then its softmax weights
+    acc = np.empty((group, head_dim), np.float32)
+    best = np.empty(group, np.float32)  # running maximum score per query head
+    total = np.empty(group, np.float32)  # running sum of exp(score - best)
+    for s in range(num_seqs):
+        n = seq_lens[s]
+        for h in range(num_kv_heads):
+            acc[:] = 0.0
+            best[:] = -np.inf
+            total[:] = 0.0
+            for j in range((n + block_size - 1) // block_size):
+                keys = key_cache[blocks[s, j]]
+                values = value_cache[blocks[s, j]]
+                count = min(block_size, n - j * block_size)  # the last block may be partial
+                for g in range(group):
+                    q = query[s, h * group + g]
+                    m = best[g]
+                    for t in range(count):
+                        k = keys[t, h]
+                        a = np.float32(0.0)
+                        for d in range(head_dim):
+                            a += q[d] * widen(k[d])
+                        scores[g, t] = a
+                        m = max(m, a)
+                    rescale = exp(best[g] - m)
+                    best[g] = m
+                    for d in range(head_dim):
+                        acc[g, d] *= rescale
+                    subtotal = np.float32(0.0)
+                    for t in range(count):
+                        p = exp(scores[g, t] - m)
+                        scores[g, t] = p
+                        subtotal += p
+                    total[g] = total[g] * rescale + subtotal
+                    a_g = acc[g]
+                    for t in range(count):
+                        v = values[t, h]
+                        p = scores[g, t]
+                        for d in range(head_dim):
+                            a_g[d] += p * widen(v[d])
+            for g in range(group):
+                inverse = np.float32(1.0) / total[g]
+                for d in range(head_dim):
+                    out[s, h * group + g, d] = acc[g, d] * inverse
