@@ -44,50 +44,53 @@ def exp(x):
 
 @njit(fastmath=True, cache=True, boundscheck=False, nogil=True)
 def decode(query, key_cache, value_cache, blocks, seq_lens, out):  # pragma: no cover - compiled
+    """One pass over each sequence's blocks (block outer, heads inner: each block is read once,
+    front to back), an online softmax per query head, float32 accumulators."""
     num_seqs, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     group = num_heads // num_kv_heads
-    scores = np.empty((group, block_size), np.float32)  # one block's, then its softmax weights
-    acc = np.empty((group, head_dim), np.float32)
-    best = np.empty(group, np.float32)  # running maximum score per query head
-    total = np.empty(group, np.float32)  # running sum of exp(score - best)
+    scores = np.empty((num_heads, block_size), np.float32)  # one block's, then its softmax weights
+    acc = np.empty((num_heads, head_dim), np.float32)
+    best = np.empty(num_heads, np.float32)  # running maximum score per query head
+    total = np.empty(num_heads, np.float32)  # running sum of exp(score - best)
     for s in range(num_seqs):
         n = seq_lens[s]
-        for h in range(num_kv_heads):
-            acc[:] = 0.0
-            best[:] = -np.inf
-            total[:] = 0.0
-            for j in range((n + block_size - 1) // block_size):
-                keys = key_cache[blocks[s, j]]
-                values = value_cache[blocks[s, j]]
-                count = min(block_size, n - j * block_size)  # the last block may be partial
-                for g in range(group):
-                    q = query[s, h * group + g]
-                    m = best[g]
+        acc[:] = 0.0
+        best[:] = -np.inf
+        total[:] = 0.0
+        for j in range((n + block_size - 1) // block_size):  # the sequence's blocks, each read once
+            keys = key_cache[blocks[s, j]]
+            values = value_cache[blocks[s, j]]
+            count = min(block_size, n - j * block_size)  # the last block may be partial
+            for h in range(num_kv_heads):
+                for g in range(group):  # the query heads sharing KV head h (GQA)
+                    i = h * group + g
+                    q = query[s, i]
+                    m = best[i]
                     for t in range(count):
                         k = keys[t, h]
                         a = np.float32(0.0)
                         for d in range(head_dim):
                             a += q[d] * widen(k[d])
-                        scores[g, t] = a
+                        scores[i, t] = a
                         m = max(m, a)
-                    rescale = exp(best[g] - m)
-                    best[g] = m
+                    rescale = exp(best[i] - m)  # online softmax: rescale what came before
+                    best[i] = m
                     for d in range(head_dim):
-                        acc[g, d] *= rescale
+                        acc[i, d] *= rescale
                     subtotal = np.float32(0.0)
                     for t in range(count):
-                        p = exp(scores[g, t] - m)
-                        scores[g, t] = p
+                        p = exp(scores[i, t] - m)
+                        scores[i, t] = p
                         subtotal += p
-                    total[g] = total[g] * rescale + subtotal
-                    a_g = acc[g]
+                    total[i] = total[i] * rescale + subtotal
+                    a_i = acc[i]
                     for t in range(count):
                         v = values[t, h]
-                        p = scores[g, t]
+                        p = scores[i, t]
                         for d in range(head_dim):
-                            a_g[d] += p * widen(v[d])
-            for g in range(group):
-                inverse = np.float32(1.0) / total[g]
-                for d in range(head_dim):
-                    out[s, h * group + g, d] = acc[g, d] * inverse
+                            a_i[d] += p * widen(v[d])
+        for i in range(num_heads):
+            inverse = np.float32(1.0) / total[i]
+            for d in range(head_dim):
+                out[s, i, d] = acc[i, d] * inverse
