@@ -133,3 +133,21 @@ def test_a_failed_compilation_warns_once_and_falls_back_to_the_same_numbers(monk
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once only
         kernels.paged_decode(*args, backend="compiled")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_compiled_store_writes_the_references_slots_and_skips_minus_one(dtype):
+    generator = torch.Generator().manual_seed(1)
+    key, value = (torch.randn(6, 2, 32, generator=generator).to(dtype) for _ in range(2))
+    slots = torch.tensor([5, -1, 0, 17, -1, 31])
+    caches = {}
+    for backend in ("torch", "compiled"):
+        key_cache, value_cache = torch.zeros(4, 8, 2, 32, dtype=dtype), torch.zeros(4, 8, 2, 32, dtype=dtype)
+        kernels.store_kv(key, value, key_cache, value_cache, slots, backend=backend)
+        caches[backend] = (key_cache, value_cache)
+    assert torch.equal(caches["torch"][0], caches["compiled"][0])
+    assert torch.equal(caches["torch"][1], caches["compiled"][1])
+    assert torch.equal(caches["compiled"][0].view(32, 2, 32)[17], key[3])
+    with pytest.raises(ValueError, match="slot_mapping holds slot 32"):
+        bad = torch.tensor([0, 1, 2, 3, 4, 32])
+        kernels.store_kv(key, value, *caches["compiled"], bad, backend="compiled")

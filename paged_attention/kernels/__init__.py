@@ -27,7 +27,7 @@ import torch
 from .._triton_env import triton_interpreted
 from . import compiled, reference
 from .reference import GatherPlan
-from .validation import check_cache, check_tables, default_scale
+from .validation import check_cache, check_store_args, check_tables, default_scale
 
 Backend = Literal["auto", "triton", "torch", "compiled"]
 BACKENDS = ("auto", "triton", "torch", "compiled")
@@ -155,7 +155,11 @@ def store_kv(
     backend: Backend = "auto",
 ) -> None:
     """Write ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` into their slots (``-1``: skip)."""
-    if resolve_backend(backend, key.device) in ("torch", "compiled"):
+    chosen = resolve_backend(backend, key.device)
+    if chosen == "compiled":
+        check_store_args(key, value, key_cache, value_cache, slot_mapping)
+        compiled.store_kv(key, value, key_cache, value_cache, slot_mapping)
+    elif chosen == "torch":
         reference.store_kv(key, value, key_cache, value_cache, slot_mapping)
     else:
         _triton()[2].store_kv(key, value, key_cache, value_cache, slot_mapping)

@@ -113,6 +113,28 @@ def paged_decode(
     return out.to(query.dtype)
 
 
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """:func:`.reference.store_kv`'s contract (no checks: the caller validated), one compiled loop
+    instead of a mask, two gathers and two scatters."""
+    same = key.dtype == value.dtype == key_cache.dtype == value_cache.dtype
+    if _failed is not None or not same or key_cache.dtype not in DTYPES or not key_cache.is_contiguous():
+        reference.store_rows(key, value, key_cache, value_cache, slot_mapping)
+        return
+    try:
+        from .loop_nest import store
+
+        store(_numpy(key.contiguous()), _numpy(value.contiguous()), _numpy(key_cache), _numpy(value_cache),
+              slot_mapping.to(torch.int64).contiguous().numpy())  # fmt: skip
+    except Exception:  # compiling failed: paged_decode's first call says so and stops trying
+        reference.store_rows(key, value, key_cache, value_cache, slot_mapping)
+
+
 def _eager(
     query: torch.Tensor,
     key_cache: torch.Tensor,

@@ -94,3 +94,15 @@ def decode(query, key_cache, value_cache, blocks, seq_lens, out):  # pragma: no 
             inverse = np.float32(1.0) / total[i]
             for d in range(head_dim):
                 out[s, i, d] = acc[i, d] * inverse
+
+
+@njit(cache=True, boundscheck=False, nogil=True)
+def store(key, value, key_cache, value_cache, slot_mapping):  # pragma: no cover - compiled
+    """Copy row ``t`` of ``key``/``value`` ``[tokens, H_kv, D]`` into slot ``slot_mapping[t]`` of the
+    caches (``-1``: skip); the arrays share one dtype (bfloat16 as ``uint16``: a copy of bits)."""
+    block_size = key_cache.shape[1]
+    for t in range(slot_mapping.shape[0]):
+        slot = slot_mapping[t]
+        if slot >= 0:
+            key_cache[slot // block_size, slot % block_size] = key[t]
+            value_cache[slot // block_size, slot % block_size] = value[t]

@@ -257,6 +257,17 @@ def store_kv(
     ``[num_blocks * block_size, num_kv_heads, head_dim]``, one row per slot.
     """
     check_store_args(key, value, key_cache, value_cache, slot_mapping)
+    store_rows(key, value, key_cache, value_cache, slot_mapping)
+
+
+def store_rows(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """:func:`store_kv` without its checks."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
     num_slots = key_cache.shape[0] * key_cache.shape[1]
