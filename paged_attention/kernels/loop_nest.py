@@ -12,6 +12,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
+from .scalar_math import exp, widen_bits
+
 
 def widen(x):
     """A cache element as float32 (Python stand-in; compiled code uses the overload below)."""
@@ -21,28 +23,11 @@ def widen(x):
 @overload(widen, inline="always")
 def _widen(x):
     if isinstance(x, types.Integer):  # bfloat16, viewed as its 16 bits: the top half of a float32
-        return lambda x: np.uint32(np.uint32(x) << np.uint32(16)).view(np.float32)
+        return lambda x: widen_bits(x)
     return lambda x: np.float32(x)
 
 
-@njit(fastmath=True, inline="always")
-def exp(x):
-    """``e**x`` for ``x <= 0`` in float32, as arithmetic LLVM can vectorize (libm's ``expf``
-    is a call per element): ``2**n * e**r`` with ``|r| <= ln(2)/2`` and Cephes' polynomial."""
-    x = max(x, np.float32(-87.0))  # below, e**x underflows: 0 to float32's precision
-    n = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
-    r = x - n * np.float32(0.693359375) + n * np.float32(2.12194440e-4)
-    p = np.float32(1.9875691500e-4)
-    p = p * r + np.float32(1.3981999507e-3)
-    p = p * r + np.float32(8.3334519073e-3)
-    p = p * r + np.float32(4.1665795894e-2)
-    p = p * r + np.float32(1.6666665459e-1)
-    p = p * r + np.float32(5.0000001201e-1)
-    p = p * r * r + r + np.float32(1.0)
-    return p * np.uint32((np.int32(n) + np.int32(127)) << np.int32(23)).view(np.float32)
-
-
-@njit(fastmath=True, cache=True, boundscheck=False, nogil=True)
+@njit(fastmath=True, cache=True, boundscheck=False, nogil=True, error_model="numpy")
 def decode(query, key_cache, value_cache, blocks, seq_lens, out):  # pragma: no cover - compiled
     """One pass over each sequence's blocks (block outer, heads inner: each block is read once,
     front to back), an online softmax per query head, float32 accumulators."""
@@ -96,7 +81,7 @@ def decode(query, key_cache, value_cache, blocks, seq_lens, out):  # pragma: no 
                 out[s, i, d] = acc[i, d] * inverse
 
 
-@njit(cache=True, boundscheck=False, nogil=True)
+@njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
 def store(key, value, key_cache, value_cache, slot_mapping):  # pragma: no cover - compiled
     """Copy row ``t`` of ``key``/``value`` ``[tokens, H_kv, D]`` into slot ``slot_mapping[t]`` of the
     caches (``-1``: skip); the arrays share one dtype (bfloat16 as ``uint16``: a copy of bits)."""
