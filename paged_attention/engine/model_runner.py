@@ -100,7 +100,18 @@ def paged_attention_forward(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
-    layer = module.layer_idx
+    with torch.profiler.record_function(ATTENTION_NAME):  # one labelled range in a profile
+        return _attend(ctx, module.layer_idx, query, key, value, scaling)
+
+
+def _attend(
+    ctx: ForwardContext,
+    layer: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float | None,
+) -> tuple[torch.Tensor, None]:
     q = query[0].transpose(0, 1)  # [tokens, heads, dim]
     k = key[0].transpose(0, 1).contiguous()
     v = value[0].transpose(0, 1).contiguous()

@@ -71,6 +71,7 @@ def measure(vllm_python: str, ours_python: str, model: str, tokenizer: Any, out:
         path = out / f"peer-{dtype}.json"
         path.write_text(json.dumps(spec(model, dtype, prompts, max_tokens)))
         speeds: dict[str, list[float]] = {"vllm": [], "ours": []}
+        ready: dict[str, list[float]] = {"vllm": [], "ours": []}  # seconds from LLM(...) to ready
         first: dict[str, list] = {}
         for run in range(runs):
             for engine, python, env in (("vllm", vllm_python, VLLM_ENV), ("ours", ours_python, OURS_ENV)):
@@ -80,6 +81,7 @@ def measure(vllm_python: str, ours_python: str, model: str, tokenizer: Any, out:
                 )
                 r = answer["answers"]["throughput"]
                 speeds[engine].append(r["output_tokens"] / r["seconds"])
+                ready[engine].append(answer["ready_seconds"])
                 first[engine] = r["first_tokens"]
                 result[f"{engine}_version"] = answer["version"]
                 print(f"{dtype} run {run + 1}: {engine} {speeds[engine][-1]:.1f} output tokens/s", flush=True)
@@ -90,6 +92,8 @@ def measure(vllm_python: str, ours_python: str, model: str, tokenizer: Any, out:
                 "dtype": dtype,
                 "vllm_tokens_per_s": speeds["vllm"],
                 "ours_tokens_per_s": speeds["ours"],
+                "vllm_ready_s": ready["vllm"],
+                "ours_ready_s": ready["ours"],
                 "ratio": ours_median / vllm_median,
                 "same_first_tokens": same,
             }

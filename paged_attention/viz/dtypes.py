@@ -33,3 +33,32 @@ def step_vs_bound(result: dict) -> Figure:
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig
+
+
+#: The parts of a profiled step (:data:`..experiments.step_profile.PARTS`), bottom to top.
+PART_COLORS = {
+    "matrix products": COLORS["weights"],
+    "attention": COLORS["tokens"],
+    "other operations": COLORS["future"],
+    "Python and the rest": "#cbd5e0",
+}
+
+
+def step_parts(profiles: dict[str, dict]) -> Figure:
+    """One stacked bar per profiled decode step (label -> :func:`..experiments.step_profile.profile_decode`'s
+    result): the step's milliseconds split into its parts."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    labels = list(profiles)
+    bottoms = [0.0] * len(labels)
+    for part, color in PART_COLORS.items():
+        ms = [profiles[k]["step_s"] * 1e3 * profiles[k]["share"][part] for k in labels]
+        bars = ax.barh(labels, ms, left=bottoms, color=color, label=part)
+        ax.bar_label(bars, labels=[f"{v:.0f}" if v >= 4 else "" for v in ms], label_type="center", fontsize=8)
+        bottoms = [b + v for b, v in zip(bottoms, ms, strict=True)]
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per decode step (profiled shares of the unprofiled step time)")
+    ax.set_title("Where a decode step's time goes (measured)")
+    ax.legend(frameon=False, fontsize=8, ncol=2, loc="lower right")
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return fig

@@ -7,6 +7,7 @@ says which command produced its numbers, on which machine, with how many torch t
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
@@ -138,15 +139,21 @@ def peer_block(folder: Path | None = None) -> str:
         f"{r['requests']} requests, {r['prompt_tokens']:,} prompt tokens, {r['max_tokens']} output tokens "
         f"each, greedy, `ignore_eos`; {r['runs']} alternating runs each, vLLM compiled as by default):",
         "",
-        "| dtype | vLLM, output tokens/s | this engine | ratio of medians | same first 16 tokens |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| dtype | vLLM, output tokens/s | this engine | ratio of medians | same first 16 tokens "
+        "| `LLM(...)` to ready, s: vLLM / this engine |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in r["rows"]:
         theirs = ", ".join(f"{v:.1f}" for v in row["vllm_tokens_per_s"])
         ours = ", ".join(f"{v:.1f}" for v in row["ours_tokens_per_s"])
+        ready = (
+            f"{statistics.median(row['vllm_ready_s']):.0f} / {statistics.median(row['ours_ready_s']):.1f}"
+            if "vllm_ready_s" in row
+            else "not recorded"
+        )
         lines.append(
             f"| {row['dtype']} | {theirs} | {ours} | {row['ratio']:.2f}x | "
-            f"{row['same_first_tokens']} of {r['requests']} |"
+            f"{row['same_first_tokens']} of {r['requests']} | {ready} |"
         )
     return "\n".join(lines) + "\n"
 
