@@ -37,7 +37,10 @@ IGNORED = {
     "download_dir": "where to download weights (nothing is downloaded)",
     "load_format": "the weights' file format (transformers' from_pretrained decides)",
     "disable_custom_all_reduce": "a multi-GPU kernel choice",
-    "compilation_config": "torch.compile settings (nothing is compiled but the Triton kernels)",
+    "compilation_config": (
+        "torch.compile settings (nothing here is torch-compiled: Triton compiles the GPU kernels, "
+        "Numba the CPU attention loop nest)"
+    ),
     "max_seq_len_to_capture": "the longest CUDA graph captured (none are)",
     "enable_chunked_prefill": "chunked prefill is always on here (vLLM v1's default)",
     "disable_async_output_proc": "overlapping output processing with the next step",
