@@ -188,8 +188,9 @@ class ModelRunner:
     def step_backend(self, num_seqs: int, max_seq_len: int) -> str:
         """The backend of one step: the runner's, except in the batch-invariant mode. (The compiled
         in-place kernel is faster than the eager gather at every size measured, from one sequence
-        of 32 tokens to 16 of 512: 2-12x per layer call on a 2-core CPU; its first call in a process
-        costs about half a second, importing Numba and loading its cached machine code.)"""
+        of 32 tokens to 16 of 512: 2-12x per layer call at SmolLM2's shapes, one thread on a 2-core
+        CPU; the kernel is single-threaded. Its first call in a process costs about half a second,
+        importing Numba and loading its cached machine code.)"""
         if self.batch_invariant:
             return "torch"  # (attention takes the float64 path; K/V are stored by the reference)
         return self.backend

@@ -44,7 +44,7 @@ def spec(model: str, dtype: str, prompts: list[dict], max_tokens: int) -> dict[s
         "name": "throughput",
         "kind": "throughput",
         "prompts": prompts,
-        "warmup": prompts[:16],  # a decode batch that reads enough to compile the in-place kernel
+        "warmup": prompts[:16],  # compiled code loaded and caches warm before the timed run
         "params": params,
     }
     return {
@@ -71,7 +71,7 @@ def measure(vllm_python: str, ours_python: str, model: str, tokenizer: Any, out:
         path = out / f"peer-{dtype}.json"
         path.write_text(json.dumps(spec(model, dtype, prompts, max_tokens)))
         speeds: dict[str, list[float]] = {"vllm": [], "ours": []}
-        ready: dict[str, list[float]] = {"vllm": [], "ours": []}  # seconds from LLM(...) to ready
+        ready: dict[str, list[float]] = {"vllm": [], "ours": []}  # seconds from start (import) to ready
         first: dict[str, list] = {}
         for run in range(runs):
             for engine, python, env in (("vllm", vllm_python, VLLM_ENV), ("ours", ours_python, OURS_ENV)):

@@ -13,8 +13,8 @@ warm-up) and its time split four ways:
 * **Python and the rest**: the step's time not inside any operation (transformers' module code,
   the scheduler, detokenization, the profiler's own cost).
 
-The shares come from the profiled steps; the step time printed beside them from the same steps
-unprofiled (the profiler slows each operation a little).
+The shares come from the profiled steps; the step time beside them is the median of as many
+unprofiled steps just before (the profiler slows each operation a little).
 """
 
 from __future__ import annotations
@@ -63,23 +63,36 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+def _inside_attention(event: object) -> bool:
+    parent = getattr(event, "cpu_parent", None)
+    while parent is not None:
+        if parent.name == RANGE:
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
 def split(profile: torch.profiler.profile, wall_s: float) -> dict[str, float]:
-    """Seconds of :data:`PARTS` in a profile that covered ``wall_s`` seconds of steps."""
+    """Seconds of :data:`PARTS` in a profile that covered ``wall_s`` seconds of steps. A product
+    inside attention (the math fallback of SDPA) counts as attention; the last part is what is
+    left of ``wall_s`` (negative only if the profile's events overlapped, which they must not)."""
     products = attention = inside_attention = operations = 0.0
-    for event in profile.key_averages():
-        if event.key == RANGE:
+    for event in profile.events():
+        if event.name == RANGE:
             attention += event.cpu_time_total / 1e6
-            inside_attention += (event.cpu_time_total - event.self_cpu_time_total) / 1e6
-        elif "::" in event.key:  # an operation (not a Python range of torch's own)
-            operations += event.self_cpu_time_total / 1e6
-            if event.key in PRODUCTS:
-                products += event.self_cpu_time_total / 1e6
+        elif "::" in event.name:  # an operation (not a Python range of torch's own)
+            seconds = event.self_cpu_time_total / 1e6
+            operations += seconds
+            if _inside_attention(event):
+                inside_attention += seconds
+            elif event.name in PRODUCTS:
+                products += seconds
     other = operations - products - inside_attention
     return {
         "matrix products": products,
         "attention": attention,
         "other operations": other,
-        "Python and the rest": max(0.0, wall_s - products - attention - other),
+        "Python and the rest": wall_s - products - attention - other,
     }
 
 

@@ -3,14 +3,14 @@
 The eager recipe (:mod:`.reference`) copies every page of every sequence into a padded
 ``[num_seqs, max_len, kv_heads, dim]`` tensor and then runs attention over the copy: the very copy
 PagedAttention exists to avoid. Here attention is a loop nest, written in Python and compiled to
-vector machine code by Numba (LLVM): for each sequence and KV head it walks the sequence's blocks
-through the block table, and for each block
+vector machine code by Numba (LLVM) (:mod:`.loop_nest`): for each sequence it walks the sequence's
+blocks through the block table, each block once, and for each KV head of the block
 
-1. scores the block's keys against the ``group`` query heads that share the KV head (GQA: each key
-   is loaded once for the whole group), widening bfloat16 to float32 as it loads;
+1. scores the block's keys against the ``group`` query heads that share the KV head (GQA: the block
+   comes in from memory once for the whole group), widening bfloat16 to float32 as it loads;
 2. updates a running maximum and sum, the online softmax of FlashAttention (:mod:`.online_softmax`
    tells that story): earlier partial results are rescaled by ``exp(old_max - new_max)``;
-3. adds the block's values, weighted, into a ``[group, head_dim]`` float32 accumulator.
+3. adds the block's values, weighted, into a ``[heads, head_dim]`` float32 accumulator.
 
 No gathered copy is ever made; the only scratch is one block's scores. Positions at or past
 ``seq_lens[s]`` are never read, so a cache holding NaN or garbage outside the sequences cannot leak
@@ -18,18 +18,20 @@ into the result. The contract is :func:`.reference.paged_decode`'s: float32 arit
 cache dtype, the result cast back to the query's dtype.
 
 Why Numba, measured (SmolLM2's shapes: 9 query heads over 3 KV heads of 64, block size 16;
-64 sequences of 100-430 tokens, bfloat16, one thread, this project's 2-core machine): this loop
-nest 2.0-2.4 ms; the same arithmetic as a tensor program that torch.compile (inductor) turns into
-C++ with indirect loads 5.2 ms (it computes each dot product with its own horizontal reduction,
-reloads each key and value once per query head of the group, and makes three more passes over the
-scores); FlexAttention with a paged block mask 7-8 ms; the eager gather and torch's fused SDPA
-17 ms. Inductor writes the loops it chooses; here we choose them.
+64 sequences of 100-430 tokens, bfloat16, one thread, this project's 2-core machine; the kernel is
+single-threaded): this loop nest 2.0-2.4 ms; the same arithmetic as a tensor program that
+torch.compile (inductor) turns into C++ with indirect loads 5.2 ms (its generated loops recompute
+the block-table lookup for every vector they load, read each value row once per 32-lane half and
+per query head, and make three more passes over the scores); FlexAttention with a paged block mask
+7-8 ms; the eager gather and torch's fused SDPA 17 ms. Inductor writes the loops it chooses; here
+we choose them.
 
 Compilation: Numba compiles the kernel once per cache dtype on first use (about a second) and
 caches the machine code on disk (next to this file, or in Numba's user cache when that is not
 writable), so later processes load it in milliseconds. Where Numba is missing or compiling fails,
 the first call says so once with a warning and every call falls back to the eager recipe, which
-gives the same numbers. float16 caches and float64 (the tests' oracle dtype) take the eager recipe.
+gives the same numbers up to rounding. float16 caches and float64 (the tests' oracle dtype) take
+the eager recipe.
 """
 
 from __future__ import annotations
@@ -84,31 +86,23 @@ def paged_decode(
     """:func:`.reference.paged_decode`'s contract, compiled (no checks: the caller validated the
     tables once). ``blocks[S, W]`` int64, the first ``cdiv(seq_lens[s], block_size)`` entries of row
     ``s`` real block ids; ``seq_lens[S]`` int64, each at least 1."""
-    global _failed
     if _failed is not None or key_cache.dtype not in DTYPES or not key_cache.is_contiguous():
         return _eager(query, key_cache, value_cache, blocks, seq_lens, scale)
-    scaled = (query.float() * scale).contiguous()
+    scaled = (query.detach().float() * scale).contiguous()
     out = torch.empty(scaled.shape, dtype=torch.float32)
     try:
         kernel = _compile()
         assert kernel is not None
         kernel(
             scaled.numpy(),
-            _numpy(key_cache),
-            _numpy(value_cache),
+            _numpy(key_cache.detach()),
+            _numpy(value_cache.detach()),
             blocks.contiguous().numpy(),
             seq_lens.to(torch.int64).contiguous().numpy(),
             out.numpy(),
         )
-    except Exception as error:  # no Numba, or its typing or lowering failed
-        with _lock:
-            _failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-        warnings.warn(
-            f"compiling the in-place CPU attention failed ({_failed[:300]}); decode attention falls back "
-            "to the eager gather (same numbers, slower). Pass attention_backend='torch' to choose it.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+    except Exception as error:
+        _give_up(error)  # re-raises anything that is not Numba missing or failing to compile
         return _eager(query, key_cache, value_cache, blocks, seq_lens, scale)
     return out.to(query.dtype)
 
@@ -127,12 +121,34 @@ def store_kv(
         reference.store_rows(key, value, key_cache, value_cache, slot_mapping)
         return
     try:
-        from .loop_nest import store
+        from .loop_nest import store  # imported late: importing Numba costs half a second
 
-        store(_numpy(key.contiguous()), _numpy(value.contiguous()), _numpy(key_cache), _numpy(value_cache),
-              slot_mapping.to(torch.int64).contiguous().numpy())  # fmt: skip
-    except Exception:  # compiling failed: paged_decode's first call says so and stops trying
+        rows = [_numpy(t.detach().contiguous()) for t in (key, value)]
+        slots = slot_mapping.to(torch.int64).contiguous().numpy()
+        store(*rows, _numpy(key_cache), _numpy(value_cache), slots)
+    except Exception as error:
+        _give_up(error)
         reference.store_rows(key, value, key_cache, value_cache, slot_mapping)
+
+
+def _give_up(error: Exception) -> None:
+    """Numba missing or failing to compile: stop trying in this process and say so once (any
+    other error is re-raised: it is a bug or bad input, not a reason to switch the kernel off)."""
+    global _failed
+    if not isinstance(error, ImportError) and not type(error).__module__.startswith("numba"):
+        raise error
+    with _lock:
+        first = _failed is None
+        if first:
+            _failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    if first:
+        warnings.warn(
+            f"compiling the in-place CPU attention failed ({_failed[:300]}); attention falls back to "
+            "the eager gather (the same numbers up to rounding, slower). Pass attention_backend='torch' "
+            "to choose it.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _eager(

@@ -4,6 +4,14 @@
 float32, already multiplied by the softmax scale; caches ``[num_blocks, block_size, H_kv, D]``, float32
 or bfloat16 viewed as ``uint16``; ``blocks[S, W]`` and ``seq_lens[S]`` int64; ``out[S, H, D]`` float32,
 written. Numba compiles one machine-code version per cache dtype and keeps it in its disk cache.
+
+The helpers live in this file on purpose: Numba's disk cache checks only the source file of the
+cached function, so an edited helper imported from another file would go unnoticed.
+
+libm's ``expf`` and ``floorf`` are calls, one per element, that stop LLVM from vectorizing a loop;
+:func:`exp` uses the textbook range reduction ``e**x = 2**n * e**r`` (``n`` the nearest integer to
+``x / ln 2``, ``|r| <= ln(2) / 2``) and Cephes' degree-6 polynomial for ``e**r``: within a relative
+4e-7 of the exact value over the clamped range, and every step vectorizes.
 """
 
 from __future__ import annotations
@@ -12,7 +20,28 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from .scalar_math import exp, widen_bits
+
+@njit(inline="always")
+def widen_bits(bits):
+    """bfloat16 bits (``uint16``) -> float32, exactly: they are the float32's top half."""
+    return np.uint32(np.uint32(bits) << np.uint32(16)).view(np.float32)
+
+
+@njit(inline="always")
+def exp(x):
+    """``e**x`` in float32, ``x`` clamped to [-87, 88] (where float32 under- and overflows)."""
+    x = min(max(x, np.float32(-87.0)), np.float32(88.0))
+    t = x * np.float32(1.4426950408889634)
+    n = np.float32(np.int32(t + (np.float32(0.5) if t >= 0 else np.float32(-0.5))))  # nearest
+    r = x - n * np.float32(0.693359375) + n * np.float32(2.12194440e-4)  # ln 2 in two parts
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    p = p * r * r + r + np.float32(1.0)
+    return p * np.uint32((np.int32(n) + np.int32(127)) << np.int32(23)).view(np.float32)
 
 
 def widen(x):
@@ -29,8 +58,9 @@ def _widen(x):
 
 @njit(fastmath=True, cache=True, boundscheck=False, nogil=True, error_model="numpy")
 def decode(query, key_cache, value_cache, blocks, seq_lens, out):  # pragma: no cover - compiled
-    """One pass over each sequence's blocks (block outer, heads inner: each block is read once,
-    front to back), an online softmax per query head, float32 accumulators."""
+    """One pass over each sequence's blocks (block outer, heads inner: each block comes in from
+    memory once, front to back; its rows are then re-read from the core's cache by each query head
+    of a GQA group), an online softmax per query head, float32 accumulators."""
     num_seqs, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -41,7 +71,7 @@ def decode(query, key_cache, value_cache, blocks, seq_lens, out):  # pragma: no 
     for s in range(num_seqs):
         n = seq_lens[s]
         acc[:] = 0.0
-        best[:] = -np.inf
+        best[:] = np.float32(-1e30)  # finite: fast-math assumes no infinities
         total[:] = 0.0
         for j in range((n + block_size - 1) // block_size):  # the sequence's blocks, each read once
             keys = key_cache[blocks[s, j]]

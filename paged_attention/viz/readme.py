@@ -140,7 +140,7 @@ def peer_block(folder: Path | None = None) -> str:
         f"each, greedy, `ignore_eos`; {r['runs']} alternating runs each, vLLM compiled as by default):",
         "",
         "| dtype | vLLM, output tokens/s | this engine | ratio of medians | same first 16 tokens "
-        "| `LLM(...)` to ready, s: vLLM / this engine |",
+        "| start to ready (import, `LLM(...)`), s: vLLM / this engine |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in r["rows"]:
