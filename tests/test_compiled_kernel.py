@@ -183,3 +183,23 @@ def test_compiled_store_writes_the_references_slots_and_skips_minus_one(dtype):
     with pytest.raises(ValueError, match="slot_mapping holds slot 32"):
         bad = torch.tensor([0, 1, 2, 3, 4, 32])
         kernels.store_kv(key, value, *caches["compiled"], bad, backend="compiled")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_draft_verification_rows_take_the_kernel_and_match_the_reference(dtype, monkeypatch):
+    """Sequences bringing up to DECODE_ROWS_MAX tokens (speculative drafts to verify) attend as one
+    decode row per token, each seeing the positions up to its own; longer ones take SDPA."""
+    longest = reference.DECODE_ROWS_MAX
+    q_lens = [2, longest, longest + 1, 1, 5]
+    context = [40, 17, 30, 9, longest]  # cached before the new tokens
+    case = make_paged_case([c + n for c, n in zip(context, q_lens, strict=True)], 8, 2, 32, dtype, seed=4)
+    query = torch.randn(sum(q_lens), 8, 32).to(dtype)
+    loc = query_start_loc(q_lens)
+    rows = []
+    real = compiled.paged_decode
+    monkeypatch.setattr(compiled, "paged_decode", lambda *a: rows.append(a[0].shape[0]) or real(*a))
+    args = (query, case.key_cache, case.value_cache, case.block_tables, case.seq_lens, loc)
+    out = kernels.paged_prefill(*args, backend="compiled")
+    assert rows == [sum(n for n in q_lens if n <= longest)]  # one batched call, a row per token
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, reference.paged_prefill(*args), **TOLERANCE[dtype])
