@@ -185,7 +185,7 @@ class ModelRunner:
             self.last_prepare_seconds, self.last_forward_seconds = self._saved
         self._saved = None
 
-    def step_backend(self, num_seqs: int, max_seq_len: int) -> str:
+    def step_backend(self) -> str:
         """The backend of one step: the runner's, except in the batch-invariant mode. (The compiled
         in-place kernel is faster than the eager gather at every size measured, from one sequence
         of 32 tokens to 16 of 512: 2-12x per layer call at SmolLM2's shapes, one thread on a 2-core
@@ -227,7 +227,7 @@ class ModelRunner:
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
             decode_only=len(token_ids) == len(scheduled),
-            backend=self.step_backend(len(scheduled), max(seq_lens, default=0)),
+            backend=self.step_backend(),
             invariant=self.batch_invariant,
         )
         if ctx.decode_only and ctx.backend in ("torch", "compiled") and not ctx.invariant:

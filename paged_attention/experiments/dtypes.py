@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -69,6 +69,33 @@ def chat_prompts(tokenizer: object, count: int) -> list[dict]:
     ]
 
 
+@contextlib.contextmanager
+def decoding_together(
+    engine: LLMEngine, prompts: Sequence[dict], max_tokens: int, name: str
+) -> Iterator[None]:
+    """Add ``prompts`` (greedy, EOS ignored, ``max_tokens`` each, ids ``{name}-{i}``) and step until
+    every one of them decodes in the same step; on exit, abort whichever have not finished. Raises
+    ``ValueError`` when they never decode together (a cache too small to hold them all)."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                            output_kind=RequestOutputKind.FINAL_ONLY)  # fmt: skip
+    ids = [engine.add_request(f"{name}-{i}", p, params) for i, p in enumerate(prompts)]
+    try:
+        for _ in range(sum(len(p["prompt_token_ids"]) for p in prompts) + 1):  # every step prefills some
+            engine.step()
+            last = engine.last_step
+            if last.num_scheduled_tokens == last.num_scheduled_seqs == len(prompts):  # every prefill done
+                break
+        else:
+            raise ValueError(
+                f"the {len(prompts)} sequences never decoded together: give the cache more blocks"
+            )
+        yield
+    finally:
+        for request_id in ids:
+            with contextlib.suppress(ValueError):  # one that already finished
+                engine.abort_request(request_id)
+
+
 def decode_step_seconds(engine: LLMEngine, prompts: Sequence[dict], steps: int, warmup: int = 2) -> dict:
     """Median seconds of a step while every one of ``prompts`` decodes (prefills done, ``warmup``
     steps skipped), over ``steps`` steps; the requests are aborted afterwards, whatever happens.
@@ -77,18 +104,8 @@ def decode_step_seconds(engine: LLMEngine, prompts: Sequence[dict], steps: int, 
     batch = len(prompts)
     if batch > engine.scheduler.max_num_seqs:
         raise ValueError(f"{batch} prompts, but the engine runs at most {engine.scheduler.max_num_seqs}")
-    params = SamplingParams(temperature=0.0, max_tokens=warmup + steps + 4, ignore_eos=True,
-                            output_kind=RequestOutputKind.FINAL_ONLY)  # fmt: skip
-    ids = [engine.add_request(f"decode-{i}", p, params) for i, p in enumerate(prompts)]
     times, forward = [], []
-    try:
-        for _ in range(sum(len(p["prompt_token_ids"]) for p in prompts) + 1):  # every step prefills some
-            engine.step()
-            last = engine.last_step
-            if last.num_scheduled_tokens == last.num_scheduled_seqs == batch:  # every prefill done
-                break
-        else:
-            raise ValueError(f"the {batch} sequences never decoded together: give the cache more blocks")
+    with decoding_together(engine, prompts, warmup + steps + 4, "decode"):
         for step in range(warmup + steps):
             start = time.perf_counter()
             engine.step()
@@ -98,10 +115,6 @@ def decode_step_seconds(engine: LLMEngine, prompts: Sequence[dict], steps: int, 
             if step >= warmup:
                 times.append(seconds)
                 forward.append(engine.last_step.forward_seconds)
-    finally:
-        for request_id in ids:
-            with contextlib.suppress(ValueError):  # one that already finished
-                engine.abort_request(request_id)
     step = statistics.median(times)
     forward_s = statistics.median(forward)
     return {"batch": batch, "step_s": step, "forward_s": forward_s, "tokens_per_s": batch / step}

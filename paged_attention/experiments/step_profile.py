@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from ..engine.llm_engine import LLMEngine
-from ..engine.sampling import RequestOutputKind, SamplingParams
+from .dtypes import decoding_together
 
 #: Operations counted as matrix products (self time).
 PRODUCTS = frozenset(
@@ -37,16 +37,6 @@ PRODUCTS = frozenset(
 )
 RANGE = "paged_attention"  # the engine's profiler range around attention (model_runner)
 PARTS = ("matrix products", "attention", "other operations", "Python and the rest")
-
-
-def _until_decoding(engine: LLMEngine, batch: int, budget: int) -> None:
-    """Step until the ``batch`` sequences all decode in one step (at most ``budget`` steps)."""
-    for _ in range(budget):
-        engine.step()
-        last = engine.last_step
-        if last.num_scheduled_tokens == last.num_scheduled_seqs == batch:
-            return
-    raise ValueError(f"the {batch} sequences never decoded together: give the cache more blocks")
 
 
 @contextlib.contextmanager
@@ -99,11 +89,7 @@ def split(profile: torch.profiler.profile, wall_s: float) -> dict[str, float]:
 def profile_decode(engine: LLMEngine, prompts: Sequence[dict], steps: int = 4, warmup: int = 2) -> dict:
     """Median step time of ``len(prompts)`` sequences decoding together (unprofiled), and the
     shares of :data:`PARTS` over ``steps`` profiled steps; the requests are aborted afterwards."""
-    params = SamplingParams(temperature=0.0, max_tokens=2 * (warmup + steps) + 4, ignore_eos=True,
-                            output_kind=RequestOutputKind.FINAL_ONLY)  # fmt: skip
-    ids = [engine.add_request(f"profile-{i}", p, params) for i, p in enumerate(prompts)]
-    try:
-        _until_decoding(engine, len(prompts), sum(len(p["prompt_token_ids"]) for p in prompts) + 1)
+    with decoding_together(engine, prompts, 2 * (warmup + steps) + 4, "profile"):
         times = []
         for step in range(warmup + steps):
             start = time.perf_counter()
@@ -116,10 +102,6 @@ def profile_decode(engine: LLMEngine, prompts: Sequence[dict], steps: int = 4, w
             for _ in range(steps):
                 engine.step()
             wall = time.perf_counter() - start
-    finally:
-        for request_id in ids:
-            with contextlib.suppress(ValueError):  # one that already finished
-                engine.abort_request(request_id)
     seconds = split(profile, wall)
     return {
         "batch": len(prompts),

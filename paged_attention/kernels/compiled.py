@@ -116,8 +116,8 @@ def store_kv(
 ) -> None:
     """:func:`.reference.store_kv`'s contract (no checks: the caller validated), one compiled loop
     instead of a mask, two gathers and two scatters."""
-    same = key.dtype == value.dtype == key_cache.dtype == value_cache.dtype
-    if _failed is not None or not same or key_cache.dtype not in DTYPES or not key_cache.is_contiguous():
+    same = key.dtype == value.dtype == key_cache.dtype == value_cache.dtype  # (the caches: contiguous)
+    if _failed is not None or not same or key_cache.dtype not in DTYPES:
         reference.store_rows(key, value, key_cache, value_cache, slot_mapping)
         return
     try:

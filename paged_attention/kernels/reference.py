@@ -224,11 +224,11 @@ def paged_prefill(
     # decode path, one row per token: token j of q_len sees the first seq_len - q_len + j + 1
     # positions, its own included (its K/V are stored before attention runs).
     longest = DECODE_ROWS_MAX if decode is not None else 1
+    lens = seq_lens.tolist()
     short = [i for i, n in enumerate(q_lens) if n <= longest]
     if short:
         rows = [starts[i] + j for i in short for j in range(q_lens[i])]
         owners = [i for i in short for _ in range(q_lens[i])]
-        lens = seq_lens.tolist()
         visible = [lens[i] - q_lens[i] + j + 1 for i in short for j in range(q_lens[i])]
         index = torch.tensor(owners, device=query.device)
         row_index = torch.tensor(rows, device=query.device)
@@ -242,7 +242,7 @@ def paged_prefill(
             out[row_index] = decode_with_plan(
                 query[row_index], key_cache, value_cache, plan, scale, fused=fused, compute=compute
             )
-    for i, seq_len in enumerate(seq_lens.tolist()):
+    for i, seq_len in enumerate(lens):
         if q_lens[i] <= longest:
             continue
         start, end = starts[i], starts[i + 1]
