@@ -360,7 +360,10 @@ class LLMEngine:
         if drawers:
             assert logits is not None
             banned = [self.stop_rules.banned(s) for s in drawers]
-            tokens, logprobs = self.sampler.draw(logits[rows], drawers, banned, self.detokenizer.token_text)
+            every = rows == list(range(logits.shape[0]))  # then no copy of the rows
+            tokens, logprobs = self.sampler.draw(
+                logits if every else logits[rows], drawers, banned, self.detokenizer.token_text
+            )
             for seq, token, logprob in zip(drawers, tokens, logprobs, strict=True):
                 drawn[seq.request_id].append((seq, [token]))
                 update.logprobs[seq.seq_id] = [logprob]

@@ -39,6 +39,18 @@ def needs_history(params: SamplingParams) -> bool:
     return params.penalized or bool(params.bad_words_token_ids)
 
 
+def changes(params: SamplingParams, banned: Sequence[int] = ()) -> bool:
+    """Whether steps 1-4 can change a row with these settings (``banned``: its stop tokens before
+    ``min_tokens``)."""
+    return (
+        params.allowed_token_ids is not None
+        or bool(params.bad_words_token_ids)
+        or bool(banned)
+        or bool(params.logit_bias)
+        or params.penalized
+    )
+
+
 def process(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],

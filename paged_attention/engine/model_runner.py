@@ -39,6 +39,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from .. import kernels
 from ..kernels import reference
 from ..kernels.layout import pad_block_ids
+from ..kernels.rows import replace_norms
 from ..models import invariant
 from ..models.merged_projections import merge_projections
 from ..models.packed_linear import pack_linear_layers
@@ -160,6 +161,9 @@ class ModelRunner:
         on_cpu = self.device.type == "cpu"
         self.num_merged_groups = merge_projections(model) if on_cpu else 0
         self.num_packed_layers = pack_linear_layers(model) if on_cpu else 0
+        #: With the compiled CPU backend, each bfloat16 RMSNorm is one compiled pass per row
+        #: (:mod:`..kernels.rows`)
+        self.num_fused_norms = replace_norms(model) if self.backend == "compiled" else 0
         #: Batch-invariant mode: a token's logits do not depend on what else the step runs (how many
         #: sequences, how many drafts it verifies, prefill or decode): every linear layer multiplies
         #: in fixed chunks of rows (:mod:`..models.invariant`) and attention takes one path for every

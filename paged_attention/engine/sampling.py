@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..kernels.rows import greedy_argmax
 from .gumbel import draw_seed, gumbel_argmax
-from .logits import History, needs_history, process
+from .logits import History, changes, needs_history, process
 from .logprobs import LOGPROBS_MODES
 from .logprobs import entries as logprob_entries
 from .params import SEED_RANGE, BeamSearchParams, RequestOutputKind, SamplingParams
@@ -112,6 +113,10 @@ class Sampler:
         """Draw a token per row. ``banned[i]``: ids row ``i`` may not produce (min_tokens);
         ``histories[i]``: its past tokens, for penalties and bad words (:mod:`.logits`).
         Log-probabilities are computed only for the rows whose request reports them."""
+        if all(p.greedy and not p.tracks_logprob for p in params) and not any(
+            changes(p, banned[i] if banned is not None else ()) for i, p in enumerate(params)
+        ):  # plain greedy rows: the argmax of the logits as they are (no float32 copy)
+            return SamplerOutput(greedy_argmax(logits.cpu()).tolist(), [None] * len(params), {})
         raw = logits.to("cpu", torch.float32)
         tracked = [i for i, p in enumerate(params) if p.tracks_logprob]
         keep_raw = raw is logits or (tracked and self.logprobs_mode == "raw_logprobs")

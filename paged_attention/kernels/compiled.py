@@ -102,7 +102,7 @@ def paged_decode(
             out.numpy(),
         )
     except Exception as error:
-        _give_up(error)  # re-raises anything that is not Numba missing or failing to compile
+        give_up(error)  # re-raises anything that is not Numba missing or failing to compile
         return _eager(query, key_cache, value_cache, blocks, seq_lens, scale)
     return out.to(query.dtype)
 
@@ -127,11 +127,11 @@ def store_kv(
         slots = slot_mapping.to(torch.int64).contiguous().numpy()
         store(*rows, _numpy(key_cache), _numpy(value_cache), slots)
     except Exception as error:
-        _give_up(error)
+        give_up(error)
         reference.store_rows(key, value, key_cache, value_cache, slot_mapping)
 
 
-def _give_up(error: Exception) -> None:
+def give_up(error: Exception) -> None:
     """Numba missing or failing to compile: stop trying in this process and say so once (any
     other error is re-raised: it is a bug or bad input, not a reason to switch the kernel off)."""
     global _failed
@@ -144,8 +144,8 @@ def _give_up(error: Exception) -> None:
     if first:
         warnings.warn(
             f"compiling the in-place CPU attention failed ({_failed[:300]}); attention falls back to "
-            "the eager gather (the same numbers up to rounding, slower). Pass attention_backend='torch' "
-            "to choose it.",
+            "the eager gather (the same numbers up to rounding, slower), and RMSNorm and the greedy "
+            "argmax to their eager operations. Pass attention_backend='torch' to choose it.",
             RuntimeWarning,
             stacklevel=3,
         )

@@ -1,0 +1,97 @@
+"""The row-wise CPU operations of :mod:`paged_attention.kernels.rows` against the eager ones they replace.
+
+``greedy_argmax`` must be ``torch.argmax`` exactly (first index of the largest, NaN largest) for any
+row length, below, at and past its chunk size, with many ties; the compiled RMSNorm must agree with
+transformers' ``LlamaRMSNorm`` within one rounding (bfloat16: nearly always the same bits), and the
+engine must fall back to the eager operations when compiling is unavailable.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from paged_attention import LLM, SamplingParams
+from paged_attention.engine.sampling import Sampler
+from paged_attention.kernels import compiled, rows
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 5), st.sampled_from([1, 7, 255, 256, 257, 600, 1024])),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+    specials=st.lists(st.sampled_from(["nan", "inf", "-inf"]), max_size=3),
+)
+def test_greedy_argmax_is_torchs_argmax_ties_nan_and_inf_included(shape, dtype, seed, specials) -> None:
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randint(-3, 4, shape, generator=g).to(dtype)  # few values: ties everywhere
+    for i, value in enumerate(specials):
+        logits[i % shape[0], int(torch.randint(shape[1], (1,), generator=g))] = float(value)
+    assert torch.equal(rows.greedy_argmax(logits), logits.argmax(dim=-1))
+    assert torch.equal(rows.greedy_argmax(logits.float()), logits.float().argmax(dim=-1))
+
+
+def test_greedy_argmax_finds_a_maximum_in_the_last_partial_chunk() -> None:
+    logits = torch.zeros(3, 2 * rows.CHUNK + 10)
+    logits[0, -1] = logits[1, -10] = logits[2, 2 * rows.CHUNK - 1] = 1.0
+    assert rows.greedy_argmax(logits).tolist() == [2 * rows.CHUNK + 9, 2 * rows.CHUNK, 2 * rows.CHUNK - 1]
+
+
+def _norm(dtype: torch.dtype) -> LlamaRMSNorm:
+    norm = LlamaRMSNorm(96, eps=1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.normal_(generator=torch.Generator().manual_seed(1))
+    return norm
+
+
+def test_the_compiled_rms_norm_agrees_with_transformers_within_a_few_ulps() -> None:
+    for dtype in (torch.float32, torch.bfloat16):
+        norm = _norm(dtype)
+        x = (torch.randn(2, 33, 96, generator=torch.Generator().manual_seed(2)) * 3).to(dtype)
+        with torch.inference_mode():
+            expected, got = norm(x), rows.RMSNorm(norm)(x)
+        assert got.dtype == dtype and got.shape == x.shape
+        eps = torch.finfo(dtype).eps
+        torch.testing.assert_close(got.float(), expected.float(), rtol=4 * eps, atol=eps)  # a few ulps
+        if dtype == torch.bfloat16:  # one float32 ulp in the mean rarely moves a bfloat16 rounding
+            assert (got != expected).float().mean() < 1e-3
+
+
+def test_without_numba_the_norm_is_transformers_own_to_the_bit(monkeypatch) -> None:
+    monkeypatch.setattr(compiled, "_failed", "Numba missing (simulated)")
+    for dtype in (torch.float32, torch.bfloat16):
+        norm = _norm(dtype)
+        x = torch.randn(5, 96, generator=torch.Generator().manual_seed(3)).to(dtype)
+        with torch.inference_mode():
+            assert torch.equal(rows.RMSNorm(norm)(x), norm(x))
+    assert rows.replace_norms(torch.nn.Sequential(_norm(torch.bfloat16))) == 0
+
+
+def test_the_engine_fuses_bfloat16_norms_only_and_still_generates_the_same_tokens() -> None:
+    prompts = [[5, 6, 7, 5, 6, 7], [9, 1, 1, 2, 3, 4, 4]]
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    float32 = LLM(num_kv_blocks=32, block_size=4)
+    assert float32.llm_engine.runner.num_fused_norms == 0  # float32 keeps transformers' norm
+    model = LLM(num_kv_blocks=8, block_size=4).llm_engine.model.to(torch.bfloat16)
+    layers = model.config.num_hidden_layers
+    fused = LLM(model, num_kv_blocks=32, block_size=4, attention_backend="compiled")
+    assert fused.llm_engine.runner.num_fused_norms == 2 * layers + 1
+    eager_model = LLM(num_kv_blocks=8, block_size=4).llm_engine.model.to(torch.bfloat16)
+    eager = LLM(eager_model, num_kv_blocks=32, block_size=4, attention_backend="torch")
+    assert eager.llm_engine.runner.num_fused_norms == 0
+    fused_out, eager_out = (llm.generate(prompts, greedy, use_tqdm=False) for llm in (fused, eager))
+    assert [o.outputs[0].token_ids for o in fused_out] == [o.outputs[0].token_ids for o in eager_out]
+
+
+def test_the_sampler_takes_the_plain_argmax_only_where_nothing_changes_the_logits() -> None:
+    logits = torch.randn(3, 300, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    plain = SamplingParams(temperature=0)
+    biased = SamplingParams(temperature=0, logit_bias={7: 100.0})
+    out = Sampler()(logits, [plain, biased, plain], [None, None, None])
+    expected = logits.float().argmax(dim=-1).tolist()
+    assert out.tokens == [expected[0], 7, expected[2]] and out.logprobs == [None, None, None]
+    out = Sampler()(logits, [plain, plain, plain], [None] * 3, banned=[[], [expected[1]], []])
+    assert out.tokens[1] != expected[1] and out.tokens[0] == expected[0]
