@@ -331,9 +331,7 @@ class LLMEngine:
         (a sequence that verifies drafts keeps one or more: :mod:`.speculation`); the tokens'
         log-probabilities (and any prompt log-probabilities) go into ``update``."""
         drawn: dict[str, list[tuple[Sequence, list[int]]]] = {}
-        rows: list[int] = []
-        drawers: list[Sequence] = []
-        row = 0
+        rows, drawers, row = [], [], 0  # type: tuple[list[int], list[Sequence], int]
         for s in out.scheduled:
             if s.prompt_positions:
                 assert logits is not None
@@ -360,10 +358,8 @@ class LLMEngine:
         if drawers:
             assert logits is not None
             banned = [self.stop_rules.banned(s) for s in drawers]
-            every = rows == list(range(logits.shape[0]))  # then no copy of the rows
-            tokens, logprobs = self.sampler.draw(
-                logits if every else logits[rows], drawers, banned, self.detokenizer.token_text
-            )
+            picked = logits if rows == list(range(len(logits))) else logits[rows]  # (no copy if all)
+            tokens, logprobs = self.sampler.draw(picked, drawers, banned, self.detokenizer.token_text)
             for seq, token, logprob in zip(drawers, tokens, logprobs, strict=True):
                 drawn[seq.request_id].append((seq, [token]))
                 update.logprobs[seq.seq_id] = [logprob]
