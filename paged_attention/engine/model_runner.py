@@ -62,6 +62,7 @@ class ForwardContext:
     backend: str
     plan: kernels.GatherPlan | None = None  # CPU decode (torch, compiled): built once, used by every layer
     invariant: bool = False  # batch-invariant mode: every query length takes the one float64 path
+    checked: bool = False  # the step's slot mapping has been checked against the cache (first layer)
 
 
 _context: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(
@@ -117,7 +118,8 @@ def _attend(
     k = key[0].transpose(0, 1).contiguous()
     v = value[0].transpose(0, 1).contiguous()
     key_cache, value_cache = ctx.kv_cache.key_cache(layer), ctx.kv_cache.value_cache(layer)
-    kernels.store_kv(k, v, key_cache, value_cache, ctx.slot_mapping, backend=ctx.backend)
+    kernels.store_kv(k, v, key_cache, value_cache, ctx.slot_mapping, backend=ctx.backend, checked=ctx.checked)
+    ctx.checked = True  # the step's slots are the same for every layer, and so are the caches' shapes
     q = q.contiguous()
     if ctx.invariant:  # one path for every query length, sums in float64 (see ModelRunner)
         out = reference.paged_prefill(q, key_cache, value_cache, ctx.block_tables, ctx.seq_lens,

@@ -153,11 +153,17 @@ def store_kv(
     slot_mapping: torch.Tensor,
     *,
     backend: Backend = "auto",
+    checked: bool = False,
 ) -> None:
-    """Write ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` into their slots (``-1``: skip)."""
+    """Write ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` into their slots (``-1``: skip).
+
+    ``checked=True`` (compiled backend): the caller has already checked arguments of these shapes
+    and this slot mapping against a cache of this size (the engine checks a step's once, in its
+    first layer, and every layer's cache has the same shape)."""
     chosen = resolve_backend(backend, key.device)
     if chosen == "compiled":
-        check_store_args(key, value, key_cache, value_cache, slot_mapping)
+        if not checked:
+            check_store_args(key, value, key_cache, value_cache, slot_mapping)
         compiled.store_kv(key, value, key_cache, value_cache, slot_mapping)
     elif chosen == "torch":
         reference.store_kv(key, value, key_cache, value_cache, slot_mapping)

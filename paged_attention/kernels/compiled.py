@@ -68,11 +68,11 @@ def available() -> bool:
     return _failed is None
 
 
-def _numpy(cache: torch.Tensor) -> np.ndarray:
-    """A NumPy view of a cache (no copy); bfloat16, which NumPy lacks, as its raw 16 bits."""
-    if cache.dtype == torch.bfloat16:
-        return cache.view(torch.int16).numpy().view(np.uint16)
-    return cache.numpy()
+def as_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A NumPy view of a CPU tensor (no copy); bfloat16, which NumPy lacks, as its raw 16 bits."""
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(np.uint16)
+    return tensor.numpy()
 
 
 def paged_decode(
@@ -86,25 +86,31 @@ def paged_decode(
     """:func:`.reference.paged_decode`'s contract, compiled (no checks: the caller validated the
     tables once). ``blocks[S, W]`` int64, the first ``cdiv(seq_lens[s], block_size)`` entries of row
     ``s`` real block ids; ``seq_lens[S]`` int64, each at least 1."""
-    if _failed is not None or key_cache.dtype not in DTYPES or not key_cache.is_contiguous():
+    if (
+        _failed is not None
+        or key_cache.dtype not in DTYPES
+        or query.dtype not in DTYPES
+        or not key_cache.is_contiguous()
+    ):
         return _eager(query, key_cache, value_cache, blocks, seq_lens, scale)
-    scaled = (query.detach().float() * scale).contiguous()
-    out = torch.empty(scaled.shape, dtype=torch.float32)
+    query = query.detach().contiguous()
+    out = torch.empty_like(query)  # the kernel scales the query and rounds the result itself
     try:
         kernel = _compile()
         assert kernel is not None
         kernel(
-            scaled.numpy(),
-            _numpy(key_cache.detach()),
-            _numpy(value_cache.detach()),
+            as_numpy(query),
+            as_numpy(key_cache.detach()),
+            as_numpy(value_cache.detach()),
             blocks.contiguous().numpy(),
             seq_lens.to(torch.int64).contiguous().numpy(),
-            out.numpy(),
+            float(scale),
+            as_numpy(out),
         )
     except Exception as error:
         give_up(error)  # re-raises anything that is not Numba missing or failing to compile
         return _eager(query, key_cache, value_cache, blocks, seq_lens, scale)
-    return out.to(query.dtype)
+    return out
 
 
 def store_kv(
@@ -123,9 +129,9 @@ def store_kv(
     try:
         from .loop_nest import store  # imported late: importing Numba costs half a second
 
-        rows = [_numpy(t.detach().contiguous()) for t in (key, value)]
+        rows = [as_numpy(t.detach().contiguous()) for t in (key, value)]
         slots = slot_mapping.to(torch.int64).contiguous().numpy()
-        store(*rows, _numpy(key_cache), _numpy(value_cache), slots)
+        store(*rows, as_numpy(key_cache), as_numpy(value_cache), slots)
     except Exception as error:
         give_up(error)
         reference.store_rows(key, value, key_cache, value_cache, slot_mapping)

@@ -1,10 +1,22 @@
-"""The in-place decode attention loop nest that Numba compiles (:mod:`.compiled` calls it and tells why).
+"""The loop nests Numba compiles for the CPU: in-place decode attention, the K/V store, RMSNorm.
 
-``decode(query, key_cache, value_cache, blocks, seq_lens, out)``, all NumPy arrays: ``query[S, H, D]``
-float32, already multiplied by the softmax scale; caches ``[num_blocks, block_size, H_kv, D]``, float32
-or bfloat16 viewed as ``uint16``; ``blocks[S, W]`` and ``seq_lens[S]`` int64; ``out[S, H, D]`` float32,
-written. Numba compiles one machine-code version per cache dtype and keeps it in its disk cache.
+:mod:`.compiled` calls the first two and tells why; :mod:`.rows` calls the third. All arguments are
+NumPy arrays; bfloat16 arrives as its raw 16 bits (``uint16``), float32 as itself.
 
+* ``decode(query, key_cache, value_cache, blocks, seq_lens, scale, out)``: ``query[S, H, D]``;
+  caches ``[num_blocks, block_size, H_kv, D]``; ``blocks[S, W]`` and ``seq_lens[S]`` int64;
+  ``out[S, H, D]`` of the query's kind, written. Float32 arithmetic whatever the kinds: the query is
+  widened and multiplied by ``scale`` once per sequence, the result rounded once (round to nearest
+  even, as torch's ``.to(torch.bfloat16)``).
+* ``store(key, value, key_cache, value_cache, slot_mapping)``: rows of ``[tokens, H_kv, D]`` into
+  their slots (``-1``: skip), a copy of bits.
+* ``rms_norm(x, weight, eps, out)``: ``x[T, D]``, ``weight[D]``, ``out[T, D]`` of one kind. The
+  arithmetic and roundings of transformers' ``LlamaRMSNorm``: the row widened to float32,
+  ``y = x * (1 / sqrt(mean(x**2) + eps))``, ``y`` rounded to the input's kind, then multiplied by the
+  weight and rounded again. The mean is summed in another order than torch's (float32 results a few
+  ulps apart, as any two vector reductions; bfloat16 results nearly always the same bits).
+
+Numba compiles one machine-code version per combination of kinds and keeps it in its disk cache.
 The helpers live in this file on purpose: Numba's disk cache checks only the source file of the
 cached function, so an edited helper imported from another file would go unnoticed.
 
@@ -56,8 +68,30 @@ def _widen(x):
     return lambda x: np.float32(x)
 
 
+@njit(inline="always")
+def narrow_bits(x):
+    """float32 -> bfloat16 bits, rounded to nearest, ties to even (torch's rounding); NaN stays NaN."""
+    bits = np.float32(x).view(np.uint32)
+    if (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint16(0x7FC0)
+    bias = ((bits >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF)
+    return np.uint16((bits + bias) >> np.uint32(16))
+
+
+def rounded(x, like):
+    """float32 ``x`` rounded to the element kind of the array ``like`` (stand-in; see below)."""
+    return x
+
+
+@overload(rounded)
+def _rounded(x, like):
+    if isinstance(like.dtype, types.Integer):  # bfloat16 bits: round, and keep the bits
+        return lambda x, like: narrow_bits(x)
+    return lambda x, like: np.float32(x)
+
+
 @njit(fastmath=True, cache=True, boundscheck=False, nogil=True, error_model="numpy")
-def decode(query, key_cache, value_cache, blocks, seq_lens, out):  # pragma: no cover - compiled
+def decode(query, key_cache, value_cache, blocks, seq_lens, scale, out):  # pragma: no cover - compiled
     """One pass over each sequence's blocks (block outer, heads inner: each block comes in from
     memory once, front to back; its rows are then re-read from the core's cache by each query head
     of a GQA group), an online softmax per query head, float32 accumulators."""
@@ -68,8 +102,12 @@ def decode(query, key_cache, value_cache, blocks, seq_lens, out):  # pragma: no 
     acc = np.empty((num_heads, head_dim), np.float32)
     best = np.empty(num_heads, np.float32)  # running maximum score per query head
     total = np.empty(num_heads, np.float32)  # running sum of exp(score - best)
+    scaled = np.empty((num_heads, head_dim), np.float32)  # this sequence's query, widened and scaled
     for s in range(num_seqs):
         n = seq_lens[s]
+        for i in range(num_heads):
+            for d in range(head_dim):
+                scaled[i, d] = widen(query[s, i, d]) * np.float32(scale)
         acc[:] = 0.0
         best[:] = np.float32(-1e30)  # finite: fast-math assumes no infinities
         total[:] = 0.0
@@ -80,7 +118,7 @@ def decode(query, key_cache, value_cache, blocks, seq_lens, out):  # pragma: no 
             for h in range(num_kv_heads):
                 for g in range(group):  # the query heads sharing KV head h (GQA)
                     i = h * group + g
-                    q = query[s, i]
+                    q = scaled[i]
                     m = best[i]
                     for t in range(count):
                         k = keys[t, h]
@@ -108,16 +146,37 @@ def decode(query, key_cache, value_cache, blocks, seq_lens, out):  # pragma: no 
         for i in range(num_heads):
             inverse = np.float32(1.0) / total[i]
             for d in range(head_dim):
-                out[s, i, d] = acc[i, d] * inverse
+                out[s, i, d] = rounded(acc[i, d] * inverse, out)
 
 
 @njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
 def store(key, value, key_cache, value_cache, slot_mapping):  # pragma: no cover - compiled
     """Copy row ``t`` of ``key``/``value`` ``[tokens, H_kv, D]`` into slot ``slot_mapping[t]`` of the
     caches (``-1``: skip); the arrays share one dtype (bfloat16 as ``uint16``: a copy of bits)."""
-    block_size = key_cache.shape[1]
+    block_size, num_kv_heads, head_dim = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
     for t in range(slot_mapping.shape[0]):
         slot = slot_mapping[t]
         if slot >= 0:
-            key_cache[slot // block_size, slot % block_size] = key[t]
-            value_cache[slot // block_size, slot % block_size] = value[t]
+            block, offset = slot // block_size, slot % block_size
+            for h in range(num_kv_heads):
+                for d in range(head_dim):
+                    key_cache[block, offset, h, d] = key[t, h, d]
+                    value_cache[block, offset, h, d] = value[t, h, d]
+
+
+@njit(fastmath={"reassoc", "nsz"}, cache=True, boundscheck=False, nogil=True, error_model="numpy")
+def rms_norm(x, weight, eps, out):  # pragma: no cover - compiled
+    """``out[t] = weight * round(x[t] / sqrt(mean(x[t]**2) + eps))``, rounded (see the module)."""
+    rows, dim = x.shape
+    row = np.empty(dim, np.float32)
+    for t in range(rows):
+        total = np.float32(0.0)
+        for d in range(dim):
+            v = widen(x[t, d])
+            row[d] = v
+            total += v * v
+        mean = total * (np.float32(1.0) / np.float32(dim))
+        inverse = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
+        for d in range(dim):
+            normed = widen(rounded(row[d] * inverse, out))
+            out[t, d] = rounded(widen(weight[d]) * normed, out)

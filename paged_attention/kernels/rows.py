@@ -4,7 +4,7 @@ A decode step of SmolLM2 at 64 sequences spent ~17 ms in small eager PyTorch ope
 products and attention (torch's profiler, this project's 2-core machine, bfloat16). Two of them:
 
 * a transformers ``LlamaRMSNorm`` is eight operations (widen, square, mean, add, rsqrt, multiply,
-  round, multiply), 61 of them per step; :class:`RMSNorm` (:mod:`.norm_loop`, compiled by Numba)
+  round, multiply), 61 of them per step; :class:`RMSNorm` (:mod:`.loop_nest`, compiled by Numba)
   is one pass per row: 29 instead of 40 us at 64 rows, 0.41 instead of 0.76 ms at 2,048 (the
   engine uses it for bfloat16 models: see :func:`replace_norms`);
 * the greedy sampler widened the ``[64, 49152]`` logits to float32 and ran ``torch.argmax`` (a
@@ -17,17 +17,12 @@ Numba missing) takes the eager operations, with the same result.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from . import compiled
 
 DTYPES = (torch.float32, torch.bfloat16)
 CHUNK = 256  # values per chunk maximum in greedy_argmax
-
-
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
 
 
 def _fits(*tensors: torch.Tensor) -> bool:
@@ -63,15 +58,16 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' ``LlamaRMSNorm`` of ``x[..., D]`` with ``weight[D]`` (see :mod:`.norm_loop`)."""
+    """transformers' ``LlamaRMSNorm`` of ``x[..., D]`` with ``weight[D]`` (see :mod:`.loop_nest`)."""
     if not _fits(x, weight) or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return _eager_rms_norm(x, weight, eps)
     rows = x.detach().reshape(-1, x.shape[-1]).contiguous()
     out = torch.empty_like(rows)
     try:
-        from .norm_loop import rms_norm as loop  # imported late: importing Numba costs half a second
+        from .loop_nest import rms_norm as loop  # imported late: importing Numba costs half a second
 
-        loop(_numpy(rows), _numpy(weight.detach().contiguous()), float(eps), _numpy(out))
+        weights = compiled.as_numpy(weight.detach().contiguous())
+        loop(compiled.as_numpy(rows), weights, float(eps), compiled.as_numpy(out))
     except Exception as error:
         compiled.give_up(error)
         return _eager_rms_norm(x, weight, eps)
