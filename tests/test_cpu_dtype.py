@@ -150,7 +150,12 @@ def test_packing_a_model_keeps_its_parameters_ties_and_results():
     assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)  # the same tensors
     assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
     assert pack_linear_layers(model) == 0  # nothing left to pack
-    assert pack_linear_layers(torch.nn.Linear(4, 4)) == 0  # float32 is never packed
+    single = torch.nn.Sequential(torch.nn.Linear(32, 8))  # float32 is packed too, a few ulps from MKL
+    x = torch.randn(5, 32)
+    with torch.inference_mode():
+        expected = single(x)
+        assert pack_linear_layers(single) == 1
+        torch.testing.assert_close(single(x), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_bfloat16_engine_caches_bfloat16_and_gets_twice_the_blocks():

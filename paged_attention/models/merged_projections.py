@@ -16,9 +16,10 @@ group.
 Invariants: a member called with any other input (another tensor, or the same one after the group
 was already consumed) computes the whole product again, so results never depend on call order; the
 slices handed out are exactly the columns of the merged product. Merging is done only where that
-product equals the separate ``F.linear`` products bit for bit on probe inputs (checked per group
-shape and dtype when merging), so token-for-token agreement with transformers is kept. bfloat16
-products on a CPU use the merged weight packed for oneDNN (:mod:`.packed_linear`), repacked when
+product equals the separate products (computed the same way) bit for bit on probe inputs (checked per group
+shape and dtype when merging), so merging changes no number. bfloat16 and float32 products on a
+CPU use the merged weight packed for oneDNN (:mod:`.packed_linear`; in float32 a few ulps from
+MKL's unpacked ``F.linear``, as vLLM's products are), repacked when
 the weights change. With autograd on, every member is an ordinary ``F.linear`` on its view.
 :func:`unmerge_projections` gives each layer back an independent ``nn.Linear``: call it before
 ``save_pretrained`` (safetensors refuses parameters that share one storage).
@@ -30,7 +31,14 @@ import torch
 import torch.nn.functional as F
 
 from . import invariant
-from .packed_linear import pack_weight, packed_product, packing_available, replace_layers, weight_state
+from .packed_linear import (
+    PACKED_DTYPES,
+    pack_weight,
+    packed_product,
+    packing_available,
+    replace_layers,
+    weight_state,
+)
 
 #: The groups merged, by attribute names of one parent module (transformers' Llama-family names).
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -66,7 +74,7 @@ class MergedProduct:
                     layer.bias.data = self.bias[rows]
                 start += size
         weight = self.weight
-        self.pack = weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and packing_available()
+        self.pack = weight.dtype in PACKED_DTYPES and weight.device.type == "cpu" and packing_available()
         self.packed = pack_weight(weight) if self.pack else None  # after .to(...), per the new device
         self.state = self._state()
 
@@ -77,7 +85,7 @@ class MergedProduct:
         return invariant.product(self._multiply, x)  # in fixed row chunks in batch-invariant mode
 
     def _multiply(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and x.dtype == torch.bfloat16:
+        if self.packed is not None and x.dtype == self.weight.dtype:
             return packed_product(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
 
@@ -194,7 +202,7 @@ def _agrees(linears: list[torch.nn.Linear]) -> bool:
     the row counts of a decode step and of a prompt (with weights packed for oneDNN where the
     separate layers would be packed)."""
     weight, bias = _concatenated(linears)
-    pack = weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and packing_available()
+    pack = weight.dtype in PACKED_DTYPES and weight.device.type == "cpu" and packing_available()
 
     def product(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         return packed_product(x, pack_weight(w), b) if pack else F.linear(x, w, b)
