@@ -21,7 +21,6 @@ import torch
 
 from . import compiled
 
-DTYPES = (torch.float32, torch.bfloat16)
 CHUNK = 256  # values per chunk maximum in greedy_argmax
 
 
@@ -29,7 +28,7 @@ def _fits(*tensors: torch.Tensor) -> bool:
     first = tensors[0]
     return (
         compiled.available()
-        and first.dtype in DTYPES
+        and first.dtype in compiled.DTYPES  # the Numba loops' kinds, as for attention
         and all(t.device.type == "cpu" and t.dtype == first.dtype for t in tensors)
     )
 
