@@ -153,6 +153,14 @@ ROWS = [
         "tests/test_batch_invariant.py::test_the_engine_in_bfloat16_gives_each_request_the_same_bits_whatever_shares_its_steps",
     ),
     Row(
+        "`LLM(..., compilation_config=3)` (an int mode or a dict), `enforce_eager`",
+        "differs",
+        "modes 1-3 compile the model with torch.compile/inductor, attention an opaque operation "
+        "(vLLM's idea; here one whole-model graph, weights frozen); eager by default here (vLLM "
+        "compiles by default: ~1-2 minutes on a 2-core CPU); vLLM's other fields are ignored",
+        "tests/test_compilation.py::test_compiled_engine_gives_eager_and_transformers_tokens_with_one_graph",
+    ),
+    Row(
         "`LLM.beam_search(prompts, BeamSearchParams(...))`",
         "same",
         "transformers' beams, every length penalty",

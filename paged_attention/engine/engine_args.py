@@ -28,7 +28,6 @@ from typing import Any
 #: vLLM keywords accepted and ignored here, with what they do in vLLM.
 IGNORED = {
     "trust_remote_code": "runs a model's own code from the hub (models here load offline)",
-    "enforce_eager": "turns off CUDA graphs (none are captured here)",
     "disable_log_stats": "turns off periodic stats logging (get_metrics works either way)",
     "swap_space": "GiB of CPU swap per GPU (here: num_cpu_blocks, with preemption_mode='swap')",
     "tokenizer_mode": "picks a fast or slow tokenizer (transformers' AutoTokenizer decides)",
@@ -37,10 +36,6 @@ IGNORED = {
     "download_dir": "where to download weights (nothing is downloaded)",
     "load_format": "the weights' file format (transformers' from_pretrained decides)",
     "disable_custom_all_reduce": "a multi-GPU kernel choice",
-    "compilation_config": (
-        "torch.compile settings (nothing here is torch-compiled: Triton compiles the GPU kernels, "
-        "Numba the CPU attention loop nest)"
-    ),
     "max_seq_len_to_capture": "the longest CUDA graph captured (none are)",
     "enable_chunked_prefill": "chunked prefill is always on here (vLLM v1's default)",
     "disable_async_output_proc": "overlapping output processing with the next step",
@@ -101,6 +96,10 @@ class EngineArgs:
     #: vLLM v1's dict: ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": ..,
     #: "prompt_lookup_max": ..}`` (:mod:`.speculative`).
     speculative_config: Any = None
+    #: vLLM's: ``0`` or ``{"mode": 0}`` eager (the default here), modes 1-3 compiled (:mod:`.compilation`).
+    compilation_config: Any = None
+    #: vLLM's: keep the model eager whatever ``compilation_config`` says.
+    enforce_eager: bool = False
     #: ``LLM``'s, not the engine's: ``{"profiler": "torch", "torch_profiler_dir": folder}``.
     profiler_config: Any = None
 

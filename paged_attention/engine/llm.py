@@ -58,7 +58,7 @@ class LLM:
     The keywords are :class:`~.engine_args.EngineArgs`' (``LLM(**vars(engine_args))`` works too):
     ``gpu_memory_utilization`` sizes the KV cache on CUDA; on a CPU the cache is sized by
     ``num_kv_blocks`` or ``kv_cache_memory`` (bytes), else 512 MiB. vLLM keywords that change
-    nothing here (``trust_remote_code``, ``enforce_eager``, ...) are accepted; ones it cannot
+    nothing here (``trust_remote_code``, ``swap_space``, ...) are accepted; ones it cannot
     honour (``tensor_parallel_size=2``, ``quantization``, ...) are refused by name
     (:data:`~.engine_args.IGNORED`, :data:`~.engine_args.REFUSED`). ``cache_manager_factory`` and
     ``scheduling_policy`` objects go to the engine as they are.

@@ -35,6 +35,7 @@ from .._checks import check_int, check_positive_int
 from ..memory.manager import KVCacheManager
 from ..models import eos_token_ids, resolve_model, serving_length
 from .capacity import fit_max_model_len, manager_builder, size_kv_cache
+from .compilation import CompilationConfig
 from .detokenizer import Detokenizer
 from .engine_args import EngineArgs
 from .generation_config import check_generation_config, sampling_defaults
@@ -55,9 +56,8 @@ from .stop_rules import StopRules
 from .transaction import StepTransaction
 
 #: Builds the cache manager from ``(num_blocks, block_size, max_model_len)``, the budget the engine
-#: sized; the KV tensors then take the manager's own ``num_blocks`` x ``block_size`` geometry. The
-#: paged manager's own settings (``watermark``, ``num_cpu_blocks``, ``enable_prefix_caching``) are
-#: the factory's business: the engine passes them only to the default, paged manager.
+#: sized; the KV tensors take the manager's own geometry. The paged manager's settings (``watermark``,
+#: ``num_cpu_blocks``, ``enable_prefix_caching``) go only to the default, paged manager.
 CacheManagerFactory = Callable[[int, int, int], KVCacheManager]
 
 
@@ -96,6 +96,8 @@ class LLMEngine:
         generation_config: str = "auto",
         hf_overrides: dict | Callable | None = None,
         speculative_config: dict | SpeculativeConfig | None = None,
+        compilation_config: int | dict | CompilationConfig | None = None,
+        enforce_eager: bool = False,
         cache_manager_factory: CacheManagerFactory | None = None,
         scheduling_policy: SchedulingPolicy | None = None,
     ) -> None:
@@ -131,7 +133,8 @@ class LLMEngine:
         self.detokenizer = Detokenizer(self.tokenizer)
         self.scheduler = Scheduler(manager, max_num_seqs, budget, preemption_mode, scheduling_policy,
                                    self.stop_rules, self.detokenizer)  # fmt: skip
-        self.runner = ModelRunner(self.model, self.kv_cache, attention_backend, batch_invariant)
+        compiling = CompilationConfig.from_value(compilation_config, enforce_eager)
+        self.runner = ModelRunner(self.model, self.kv_cache, attention_backend, batch_invariant, compiling)
         self.sampler = Sampler(None if seed is None else check_int("seed", seed), logprobs_mode)
         if seed is not None:  # as vLLM's worker does: the process's own generators too
             seed_everything(seed)
@@ -295,9 +298,7 @@ class LLMEngine:
         self.metrics.record_step(out, update)
         outputs = self._outputs(drawn)
         if out.is_empty and self.scheduler.has_unfinished() and not (out.preempted or out.swap_in):
-            raise RuntimeError(
-                "the scheduler made no progress: no sequence could be scheduled"
-            )  # pragma: no cover
+            raise RuntimeError("the scheduler made no progress: nothing fits")  # pragma: no cover
         self.last_step = StepStats(
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             num_swapped=len(self.scheduler.swapped), num_scheduled_seqs=len(out.scheduled),

