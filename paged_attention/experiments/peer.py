@@ -4,7 +4,8 @@ The workload (the yardstick of the speed issue): ``requests`` prompts of 27 to 3
 lengths, cut from the tokenized prose of :mod:`..models.corpus` and the demo's questions), greedy,
 ``max_tokens`` output tokens each with ``ignore_eos``, ``max_model_len=512``, 1 GiB of KV cache, one
 compute thread each (this engine: ``OMP_NUM_THREADS=1``; vLLM: its worker bound to core 0). vLLM
-runs as a new user would run it: compiled (its default), its start-up not timed. Runs alternate,
+runs as a new user would run it: compiled (its default), its start-up not timed; this engine eager
+(its default) or, with ``compiled``, compiled too. Runs alternate,
 vLLM then this engine, ``runs`` times per dtype; the ratio is of the medians.
 """
 
@@ -37,8 +38,12 @@ def workload(tokenizer: Any, requests: int, seed: int = 0) -> list[dict[str, lis
     return prompts
 
 
-def spec(model: str, dtype: str, prompts: list[dict], max_tokens: int) -> dict[str, Any]:
-    """The probe's spec for one measured run (:mod:`.peer_probe`'s ``throughput`` case)."""
+def spec(
+    model: str, dtype: str, prompts: list[dict], max_tokens: int, compiled: bool = False
+) -> dict[str, Any]:
+    """The probe's spec for one measured run (:mod:`.peer_probe`'s ``throughput`` case); ``compiled``:
+    this engine with ``compilation_config=3`` (:mod:`..engine.compilation`), compiled in ``LLM(...)``
+    as vLLM is."""
     params = dict(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     case = {
         "name": "throughput",
@@ -49,13 +54,16 @@ def spec(model: str, dtype: str, prompts: list[dict], max_tokens: int) -> dict[s
     }
     return {
         "engine_args": dict(model=model, dtype=dtype, max_model_len=512, seed=0),
-        "paged_attention_args": dict(kv_cache_memory=2**30),
+        "paged_attention_args": dict(
+            kv_cache_memory=2**30, **({"compilation_config": 3} if compiled else {})
+        ),
         "cases": [case],
     }
 
 
 def measure(vllm_python: str, ours_python: str, model: str, tokenizer: Any, out: Path,
-            dtypes: list[str], requests: int, max_tokens: int, runs: int) -> dict[str, Any]:  # fmt: skip
+            dtypes: list[str], requests: int, max_tokens: int, runs: int,
+            compiled: bool = False) -> dict[str, Any]:  # fmt: skip
     """Alternating runs (vLLM, this engine, ...) per dtype; tokens/s of each, the ratio of medians,
     and whether the greedy outputs' first tokens agreed."""
     import json
@@ -65,11 +73,12 @@ def measure(vllm_python: str, ours_python: str, model: str, tokenizer: Any, out:
         "requests": requests,
         "max_tokens": max_tokens,
         "prompt_tokens": sum(len(p["prompt_token_ids"]) for p in prompts),
+        "ours_compiled": compiled,
         "rows": [],
     }
     for dtype in dtypes:
         path = out / f"peer-{dtype}.json"
-        path.write_text(json.dumps(spec(model, dtype, prompts, max_tokens)))
+        path.write_text(json.dumps(spec(model, dtype, prompts, max_tokens, compiled)))
         speeds: dict[str, list[float]] = {"vllm": [], "ours": []}
         ready: dict[str, list[float]] = {"vllm": [], "ours": []}  # seconds from start (import) to ready
         first: dict[str, list] = {}

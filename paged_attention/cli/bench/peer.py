@@ -29,6 +29,9 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument(
         "--runs", type=int, default=2, help="alternating runs per engine and dtype (default 2)"
     )
+    parser.add_argument(
+        "--compile", action="store_true", help="this engine compiled too (compilation_config=3), as vLLM is"
+    )
     parser.add_argument("--no-save", action="store_true", help="print only: write nothing to figures/")
     opts = parser.parse_args(args)
     from ...models.pretrained import pretrained_path
@@ -41,7 +44,8 @@ def main(args: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as folder:
         tokenizer = load_tokenizer(model)
         result = peer.measure(str(vllm_python.absolute()), sys.executable, model, tokenizer, Path(folder),
-                              opts.dtype, opts.requests, opts.max_tokens, opts.runs)  # fmt: skip
+                              opts.dtype, opts.requests, opts.max_tokens, opts.runs,
+                              compiled=opts.compile)  # fmt: skip
     print(f"{'dtype':10}{'vLLM tokens/s':>22}{'this engine':>22}{'ratio':>8}  same first tokens")
     for row in result["rows"]:
         theirs = ", ".join(f"{v:.1f}" for v in row["vllm_tokens_per_s"])
