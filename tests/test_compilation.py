@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from paged_attention import LLM, SamplingParams
-from paged_attention.engine import model_runner
+from paged_attention.engine import compilation, model_runner
 from paged_attention.engine.compilation import CompilationConfig
 from paged_attention.engine.llm_engine import LLMEngine
 
@@ -58,6 +58,17 @@ def test_llm_refuses_a_bad_compilation_config():
         LLM(num_kv_blocks=8, compilation_config=7)
 
 
+needs_compiler = pytest.mark.skipif(
+    compilation.cpp_compiler() is None, reason="inductor needs a C++ compiler"
+)
+
+
+def test_without_a_cpp_compiler_compiling_is_refused_clearly(monkeypatch):
+    monkeypatch.setattr(compilation, "cpp_compiler", lambda: None)
+    with pytest.raises(RuntimeError, match="needs a C\\+\\+ compiler"):
+        LLM(num_kv_blocks=8, compilation_config=3)
+
+
 @functools.cache
 def compiled_llm() -> LLM:
     """One compiled tiny engine (float32) for the tests below: compiling costs ~15 s."""
@@ -68,6 +79,7 @@ def graphs() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
+@needs_compiler
 def test_compiled_engine_gives_eager_and_transformers_tokens_with_one_graph():
     llm = compiled_llm()
     runner = llm.llm_engine.runner
@@ -98,6 +110,7 @@ def test_enforce_eager_and_batch_invariance_keep_the_model_eager():
     assert not LLM(num_kv_blocks=8, compilation_config=3, batch_invariant=True).llm_engine.runner.compiled
 
 
+@needs_compiler
 def test_compiled_steps_are_transactions():
     """The transaction tests' workload (samples, beams, n-gram drafts, prefix hits, preemption) on a
     compiled model, with a KeyboardInterrupt in one layer's attention every few steps: the run,
