@@ -64,6 +64,9 @@ def test_engine_args_from_the_command_line_build_the_engine() -> None:
         engine.step()
     llm = LLM(**dataclasses.asdict(dataclasses.replace(engine_args, model=None)))  # LLM(**engine_args)
     assert llm.llm_engine.cache_manager.num_blocks == 40
+    assert engine_args.enforce_eager and not engine.runner.compiled
+    for text, value in (("3", 3), ('{"mode": 3}', {"mode": 3})):  # vLLM's --compilation-config forms
+        assert parser.parse_args(["--compilation-config", text]).compilation_config == value
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))

@@ -9,6 +9,7 @@ as the paged cache.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 
 from ..baselines.engines import KV_MANAGERS, baseline_engine
@@ -53,6 +54,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-template", default=None, help="a Jinja file for models without a template")
     p.add_argument("--dtype", default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--compilation-config",
+        "-cc",
+        type=json.loads,
+        default=None,
+        help="vLLM's: 3 or '{\"mode\": 3}' compiles the model (~75 s for SmolLM2 here; default: eager)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: 2, 1 if busy)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.add_argument(
@@ -82,6 +90,7 @@ def build_engine(opts: argparse.Namespace) -> LLMEngine:
         enable_prefix_caching=not opts.no_enable_prefix_caching,
         dtype=opts.dtype,
         seed=opts.seed,
+        compilation_config=getattr(opts, "compilation_config", None),
     )
 
 

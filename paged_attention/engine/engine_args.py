@@ -137,7 +137,7 @@ class EngineArgs:
         group = parser.add_argument_group("engine (paged_attention.EngineArgs)")
         for f in dataclasses.fields(EngineArgs):
             flag = "--" + f.name.replace("_", "-")
-            if f.name in ("hf_overrides", "profiler_config", "speculative_config"):
+            if f.name in ("hf_overrides", "profiler_config", "speculative_config", "compilation_config"):
                 group.add_argument(flag, type=json.loads, default=None, help="JSON")
             elif isinstance(f.default, bool) or f.type == "bool | None":  # None: not given
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
