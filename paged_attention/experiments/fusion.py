@@ -1,0 +1,86 @@
+"""What compiling fuses, counted: the calls of one forward pass, eager and compiled (notebook 07).
+
+Eager, transformers' module code issues every operation from Python: each is a dispatch and a
+pass over memory. Compiled (``compilation_config=3``, :mod:`..engine.compilation`), inductor
+writes a Python wrapper that calls three kinds of things: its own fused C++ loops (named after the
+operations each one fuses), the matrix products (oneDNN's packed ``_linear_pointwise``) and our
+attention operation. :func:`forward_calls` counts the first; :func:`compiled_calls` reads the second
+from the code inductor generated (:func:`compile_and_read`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+T = TypeVar("T")
+
+#: The kinds of call in a compiled graph, and how each appears in inductor's wrapper code.
+KINDS = {
+    "fused loops": re.compile(r"^cpp_fused_\w+\("),
+    "matrix products": re.compile(r"^\w+ = torch\.ops\.mkldnn\._linear_pointwise"),
+    "attention": re.compile(r"^\w+ = torch\.ops\.paged_attention\.attend"),
+}
+
+
+def compile_and_read(build: Callable[[], T]) -> tuple[T, str]:
+    """Run ``build`` (something that compiles a model, e.g. ``lambda: LLM(compilation_config=3)``);
+    returns its result and the wrapper code inductor generated for the last graph it compiled."""
+    from torch._inductor.utils import run_and_get_code
+
+    result, codes = run_and_get_code(build)
+    if not codes:
+        raise ValueError("build compiled nothing: pass compilation_config=3 to the engine")
+    return result, codes[-1]
+
+
+def compiled_calls(code: str) -> Counter[str]:
+    """The calls one pass of the compiled graph makes, by kind (:data:`KINDS`)."""
+    body = code[code.index("def call(") :]
+    counts: Counter[str] = Counter()
+    for line in body.splitlines():
+        line = line.strip()
+        for kind, pattern in KINDS.items():
+            if pattern.match(line):
+                counts[kind] += 1
+    return counts
+
+
+def fused_loops(code: str) -> list[str]:
+    """The names of the fused loops inductor wrote (each lists the operations it fuses)."""
+    return re.findall(r"^(cpp_fused_\w+) = async_compile", code, flags=re.MULTILINE)
+
+
+class _Counting(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.calls[getattr(func, "__name__", str(func))] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def forward_calls(module: torch.nn.Module, run: Callable[[], Any]) -> Counter[str]:
+    """The torch operations Python issues inside ``module``'s forward passes while ``run()`` runs
+    (an eager model: each is one dispatch), by name."""
+    mode = _Counting()
+
+    def enter(*args: Any) -> None:  # (a pre-hook that returned something would replace the inputs)
+        mode.__enter__()
+
+    def leave(*args: Any) -> None:
+        mode.__exit__(None, None, None)
+
+    before, after = module.register_forward_pre_hook(enter), module.register_forward_hook(leave)
+    try:
+        run()
+    finally:
+        before.remove()
+        after.remove()
+    return mode.calls

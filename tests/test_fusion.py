@@ -1,0 +1,50 @@
+"""experiments.fusion: counting an eager forward's torch calls and a compiled graph's calls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paged_attention.experiments import fusion
+
+GENERATED = '''
+cpp_fused_add_mul_0 = async_compile.cpp_pybinding(['float*'], r"""...""")
+cpp_fused_silu_1 = async_compile.cpp_pybinding(['float*'], r"""...""")
+class Runner:
+    def call(self, args):
+        # Topologically Sorted Source Nodes: [linear], Original ATen: [mkldnn._linear_pointwise]
+        cpp_fused_add_mul_0(arg0_1, buf0)
+        buf1 = torch.ops.mkldnn._linear_pointwise.default(buf0, _frozen_param0, None, 'none', [-1], '')
+        assert_size_stride(buf1, (4, 8), (8, 1), 'torch.ops.mkldnn._linear_pointwise.default')
+        buf2 = torch.ops.paged_attention.attend.default(buf1, buf1, buf1, 0, 0.125)
+        assert_size_stride(buf2, (1, 4, 2, 4), (32, 8, 4, 1), 'torch.ops.paged_attention.attend.default')
+        cpp_fused_silu_1(buf2, buf3)
+        cpp_fused_add_mul_0(buf3, buf4)
+'''
+
+
+def test_compiled_calls_counts_each_kind_once_per_call_not_per_mention():
+    calls = fusion.compiled_calls(GENERATED)
+    assert calls == {"fused loops": 3, "matrix products": 1, "attention": 1}
+    assert fusion.fused_loops(GENERATED) == ["cpp_fused_add_mul_0", "cpp_fused_silu_1"]
+
+
+def test_forward_calls_counts_only_inside_the_modules_forward():
+    class Block(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x + 1).sum()
+
+    block = Block()
+
+    def run():
+        torch.ones(2).mul(3)  # outside the forward: not counted
+        return block(torch.ones(3))
+
+    calls = fusion.forward_calls(block, run)
+    assert calls == {"add": 1, "relu": 1, "sum": 1}
+    assert fusion.forward_calls(block, lambda: None) == {}  # hooks removed, nothing counted
+
+
+def test_compile_and_read_refuses_a_build_that_compiles_nothing():
+    with pytest.raises(ValueError, match="compiled nothing"):
+        fusion.compile_and_read(lambda: 1)
