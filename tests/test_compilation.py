@@ -30,6 +30,8 @@ PROMPTS = [[5, 6, 7], [3, 14, 15, 9, 26, 5, 35, 8, 40, 41, 42, 43, 44], [99], [7
         ({"level": 1}, 1),
         ({"cudagraph_capture_sizes": [1]}, 0),
         (CompilationConfig(mode=3), 3),
+        ({"mode": "vllm_compile"}, 3),  # vLLM's CompilationMode names, any case
+        ({"mode": "NONE"}, 0),
     ],
 )
 def test_compilation_config_takes_vllms_forms(value, mode):
@@ -46,6 +48,10 @@ def test_compilation_config_takes_vllms_forms(value, mode):
         ("3", False, TypeError, "compilation_config must be None, an int mode"),
         (True, False, TypeError, "compilation_config must be"),
         (None, "yes", TypeError, "enforce_eager must be a bool"),
+        (7, True, ValueError, "mode must be one of"),  # checked before enforce_eager applies
+        ({"mode": True}, False, ValueError, "mode must be one of"),
+        ({"mode": "3"}, False, ValueError, "mode must be one of"),
+        ({"mode": 2.9}, False, ValueError, "mode must be one of"),
     ],
 )
 def test_compilation_config_refuses_bad_values(value, eager, error, match):
@@ -107,7 +113,24 @@ def test_compiled_engine_gives_eager_and_transformers_tokens_with_one_graph():
 
 def test_enforce_eager_and_batch_invariance_keep_the_model_eager():
     assert not LLM(num_kv_blocks=8, compilation_config=3, enforce_eager=True).llm_engine.runner.compiled
-    assert not LLM(num_kv_blocks=8, compilation_config=3, batch_invariant=True).llm_engine.runner.compiled
+    with pytest.warns(UserWarning, match="batch-invariant mode runs the model eagerly"):
+        llm = LLM(num_kv_blocks=8, compilation_config=3, batch_invariant=True)
+    assert not llm.llm_engine.runner.compiled
+    with pytest.raises(ValueError, match="prepared for an engine that runs it eager"):  # one model, one way
+        LLMEngine(llm.llm_engine.model, llm.llm_engine.tokenizer, num_kv_blocks=8, compilation_config=3)
+
+
+@needs_compiler
+def test_outside_the_engine_a_compiled_engines_model_is_transformers_model():
+    """The compiled engine's attention name, called outside the engine (``model.generate``), is
+    plain SDPA, and compiling the model elsewhere does not route into the engine's operation."""
+    model = compiled_llm().llm_engine.model
+    assert model.config._attn_implementation == model_runner.COMPILED_NAME
+    ids = torch.tensor([PROMPTS[1]])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
+    plain = LLM(num_kv_blocks=8).llm_engine.model  # the same weights, never compiled
+    expected = plain.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
+    assert out.tolist() == expected.tolist()
 
 
 @needs_compiler

@@ -24,8 +24,10 @@ What the compiled model is (:func:`compile_model`):
 * inductor with ``freezing``: the weights are constants of the graph, so inductor packs every
   linear layer for oneDNN itself and concatenates the products that share an input (Q/K/V,
   gate/up: ``cpp.enable_concat_linear``), and fuses the small operations into C++ loops;
-* guards are checked on the first calls only (``skip_guard_eval_unsafe``): the model and its
-  weights are frozen, so nothing a guard watches can change.
+* guards are checked on the first two calls only, the second failing loudly if it would compile
+  again; after that they are skipped (``skip_guard_eval_unsafe``, as vLLM's trace-once mode skips
+  them): what they watch (the module's structure and hooks, grad mode, the attention
+  implementation, the weights) must not change, and the engine changes none of them.
 
 Invariants: the compiled model reads the weights as they were at its first call (frozen: change
 them and build a new engine); results are inductor's, not transformers' operation by operation
@@ -46,6 +48,19 @@ import torch
 #: torch.compile, 2 dynamo trace once, 3 vLLM's piecewise compile.
 MODES = (0, 1, 2, 3)
 
+#: Their names, as vLLM's ``CompilationMode`` spells them.
+NAMES = ("NONE", "STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE", "VLLM_COMPILE")
+
+
+def _mode(value: Any) -> Any:
+    """A dict's mode as an int where it is vLLM's name or enum; anything else as given (checked later)."""
+    if value is None:
+        return 0
+    if isinstance(value, str) and value.upper() in NAMES:
+        return NAMES.index(value.upper())
+    return getattr(value, "value", value) if hasattr(value, "name") else value
+
+
 #: The inductor settings of a compiled model (see the module docstring).
 INDUCTOR_OPTIONS = {"freezing": True, "cpp.enable_concat_linear": True}
 
@@ -65,6 +80,13 @@ class CompilationConfig:
 
     mode: int = 0
 
+    def __post_init__(self) -> None:
+        if isinstance(self.mode, bool) or not isinstance(self.mode, int) or self.mode not in MODES:
+            raise ValueError(
+                f"compilation_config mode must be one of {MODES} or its name ({', '.join(NAMES)}), "
+                f"got {self.mode!r}"
+            )
+
     @property
     def compiles(self) -> bool:
         """Whether the model runs compiled."""
@@ -72,27 +94,25 @@ class CompilationConfig:
 
     @classmethod
     def from_value(cls, value: Any, enforce_eager: bool = False) -> CompilationConfig:
-        """``None`` (the default), an int mode, a dict (``"mode"``, or the older ``"level"``), or a
-        :class:`CompilationConfig`; mode 0 whatever it says when ``enforce_eager``."""
+        """``None`` (the default), an int mode, a dict (``"mode"``, or the older ``"level"``; a mode
+        may be vLLM's name, any case), or a :class:`CompilationConfig`; checked, then mode 0 when
+        ``enforce_eager`` (as vLLM does)."""
         if not isinstance(enforce_eager, bool):
             raise TypeError(f"enforce_eager must be a bool, got {type(enforce_eager).__name__}")
-        if enforce_eager or value is None:
-            return cls()
-        if isinstance(value, CompilationConfig):
-            return value
-        if isinstance(value, dict):
-            mode = value.get("mode", value.get("level", 0))
+        if value is None:
+            config = cls()
+        elif isinstance(value, CompilationConfig):
+            config = value
+        elif isinstance(value, dict):
+            config = cls(mode=_mode(value.get("mode", value.get("level", 0))))
         elif isinstance(value, int) and not isinstance(value, bool):
-            mode = value
+            config = cls(mode=value)
         else:
             raise TypeError(
                 "compilation_config must be None, an int mode, a dict or a CompilationConfig, "
                 f"got {type(value).__name__}"
             )
-        mode = int(getattr(mode, "value", mode) if mode is not None else 0)  # vLLM's enum, too
-        if mode not in MODES:
-            raise ValueError(f"compilation_config mode must be one of {MODES}, got {mode!r}")
-        return cls(mode=mode)
+        return cls() if enforce_eager else config
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -125,11 +145,12 @@ def compile_model(module: torch.nn.Module) -> Callable[..., Any]:
     def forward(input_ids: torch.Tensor, position_ids: torch.Tensor, **kwargs: Any) -> Any:
         nonlocal calls
         mask = torch.ones_like(input_ids)  # (given, transformers skips its search for packed sequences)
-        if calls < 2:  # the first call traces; the second checks that nothing recompiles
+        if calls < 2:  # the first call traces; the second runs the guards and must not compile again
             calls += 1
             for tensor in (input_ids, position_ids, mask):
                 torch._dynamo.decorators.mark_unbacked(tensor, 1)  # any token count, one graph
-            with torch._inductor.config.patch(INDUCTOR_OPTIONS):  # (read outside torch.compile's options)
+            stance = "default" if calls == 1 else "fail_on_recompile"
+            with torch._inductor.config.patch(INDUCTOR_OPTIONS), torch.compiler.set_stance(stance):
                 return compiled(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)
         with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
             return compiled(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)

@@ -103,6 +103,7 @@ class LLMEngine:
     ) -> None:
         check_positive_int("block_size", block_size)
         speculation = SpeculativeConfig.from_dict(speculative_config)
+        compiling = CompilationConfig.from_value(compilation_config, enforce_eager)
         if not isinstance(gpu_memory_utilization, (int, float)) or not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
         if cache_manager_factory is not None and not callable(cache_manager_factory):
@@ -133,7 +134,6 @@ class LLMEngine:
         self.detokenizer = Detokenizer(self.tokenizer)
         self.scheduler = Scheduler(manager, max_num_seqs, budget, preemption_mode, scheduling_policy,
                                    self.stop_rules, self.detokenizer)  # fmt: skip
-        compiling = CompilationConfig.from_value(compilation_config, enforce_eager)
         self.runner = ModelRunner(self.model, self.kv_cache, attention_backend, batch_invariant, compiling)
         self.sampler = Sampler(None if seed is None else check_int("seed", seed), logprobs_mode)
         if seed is not None:  # as vLLM's worker does: the process's own generators too

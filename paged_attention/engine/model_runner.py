@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -41,13 +42,14 @@ from ..kernels import reference
 from ..kernels.layout import pad_block_ids
 from ..kernels.rows import replace_norms
 from ..models import invariant
-from ..models.merged_projections import merge_projections, unmerge_projections
-from ..models.packed_linear import pack_linear_layers, unpack_linear_layers
+from ..models.merged_projections import merge_projections
+from ..models.packed_linear import pack_linear_layers
 from .compilation import CompilationConfig, compile_model
 from .kv_cache import KVCache
 from .scheduler import ScheduledSequence
 
 ATTENTION_NAME = "paged_attention"
+COMPILED_NAME = "paged_attention_compiled"  # a compiled engine's (:func:`compiled_attention_forward`)
 
 
 @dataclass
@@ -97,10 +99,7 @@ def paged_attention_forward(
     dropout: float = 0.0,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """The function transformers calls in every attention layer (shapes ``[1, heads, tokens, dim]``);
-    in a compiled model (:mod:`.compilation`), one opaque operation in the graph."""
-    if torch.compiler.is_compiling():
-        return torch.ops.paged_attention.attend(query, key, value, module.layer_idx, scaling), None
+    """The function transformers calls in every attention layer (shapes ``[1, heads, tokens, dim]``)."""
     ctx = _context.get()
     if ctx is None:  # called outside the engine (e.g. model.generate): behave like plain SDPA
         return sdpa_attention_forward(
@@ -168,13 +167,34 @@ torch.library.register_fake(f"{ATTENTION_NAME}::attend", _attend_shape, lib=_lib
 def _mask(*args: object, **kwargs: object) -> torch.Tensor | None:
     """Inside the engine our kernels apply causality and sequence boundaries themselves, so
     transformers builds no mask; outside it (``model.generate``) the SDPA mask is built as usual."""
-    if torch.compiler.is_compiling():  # only the engine compiles the model (:mod:`.compilation`)
-        return None
     return None if _context.get() is not None else sdpa_mask(*args, **kwargs)
+
+
+def compiled_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """A compiled engine's attention function (:mod:`.compilation`): traced, one opaque operation in
+    the graph; run eagerly (outside the engine's compiled forward), :func:`paged_attention_forward`."""
+    if torch.compiler.is_compiling():
+        return torch.ops.paged_attention.attend(query, key, value, module.layer_idx, scaling), None
+    return paged_attention_forward(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+
+
+def _compiled_mask(*args: object, **kwargs: object) -> torch.Tensor | None:
+    return None if torch.compiler.is_compiling() else _mask(*args, **kwargs)
 
 
 AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
 AttentionMaskInterface.register(ATTENTION_NAME, _mask)
+AttentionInterface.register(COMPILED_NAME, compiled_attention_forward)
+AttentionMaskInterface.register(COMPILED_NAME, _compiled_mask)
 
 
 class ModelRunner:
@@ -192,7 +212,6 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = next(model.parameters()).device
         self.backend = kernels.resolve_backend(backend, self.device)
-        model.set_attn_implementation(ATTENTION_NAME)
         #: Batch-invariant mode: a token's logits do not depend on what else the step runs (how many
         #: sequences, how many drafts it verifies, prefill or decode): every linear layer multiplies
         #: in fixed chunks of rows (:mod:`..models.invariant`) and attention takes one path for every
@@ -201,12 +220,23 @@ class ModelRunner:
         self.batch_invariant = invariant.requested(batch_invariant)  # None: VLLM_BATCH_INVARIANT
         #: Whether the base model runs compiled (:mod:`.compilation`; never in the batch-invariant mode)
         self.compiled = bool(compilation and compilation.compiles) and not self.batch_invariant
+        if compilation and compilation.compiles and self.batch_invariant:
+            warnings.warn(
+                "batch-invariant mode runs the model eagerly: compilation_config ignored", stacklevel=3
+            )
+        prepared = getattr(model, "_paged_attention_prepared", None)  # by an earlier engine
+        if prepared not in (None, "compiled" if self.compiled else "eager"):
+            wanted = "compiled" if self.compiled else "eager"
+            raise ValueError(
+                f"compilation_config: this model object was prepared for an engine that runs it {prepared} "
+                f"(mode 0 is eager); load it again to run it {wanted}"
+            )
+        model._paged_attention_prepared = "compiled" if self.compiled else "eager"
+        model.set_attn_implementation(COMPILED_NAME if self.compiled else ATTENTION_NAME)
         #: Q/K/V and gate/up become one product each (:mod:`..models.merged_projections`), then the
         #: other linear layers on a CPU get their weights packed once (:mod:`..models.packed_linear`);
         #: a compiled model leaves both to inductor and packs only the output layer
         on_cpu = self.device.type == "cpu"
-        if self.compiled:  # a model an eager engine merged or packed before: back to plain layers
-            unmerge_projections(model.base_model), unpack_linear_layers(model.base_model)
         self.num_merged_groups = merge_projections(model) if on_cpu and not self.compiled else 0
         skip = model.base_model if self.compiled else None
         self.num_packed_layers = pack_linear_layers(model, skip=skip) if on_cpu else 0

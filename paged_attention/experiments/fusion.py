@@ -23,7 +23,10 @@ T = TypeVar("T")
 #: The kinds of call in a compiled graph, and how each appears in inductor's wrapper code.
 KINDS = {
     "fused loops": re.compile(r"^cpp_fused_\w+\("),
-    "matrix products": re.compile(r"^\w+ = torch\.ops\.mkldnn\._linear_pointwise"),
+    "matrix products": re.compile(
+        r"^(\w+ = torch\.ops\.mkldnn\._linear_pointwise|\w+ = torch\.ops\.mkl\._mkl_linear"
+        r"|extern_kernels\.(mm|addmm|bmm)\()"
+    ),
     "attention": re.compile(r"^\w+ = torch\.ops\.paged_attention\.attend"),
 }
 
@@ -77,7 +80,8 @@ def forward_calls(module: torch.nn.Module, run: Callable[[], Any]) -> Counter[st
     def leave(*args: Any) -> None:
         mode.__exit__(None, None, None)
 
-    before, after = module.register_forward_pre_hook(enter), module.register_forward_hook(leave)
+    before = module.register_forward_pre_hook(enter)
+    after = module.register_forward_hook(leave, always_call=True)  # (also when forward raises)
     try:
         run()
     finally:
