@@ -1,4 +1,4 @@
-"""The compiled model (``compilation_config``, :mod:`paged_attention.engine.compilation`): vLLM's
+"""The compiled model (``compilation_config``, :mod:`paged_attention.models.compilation`): vLLM's
 keyword parsed as vLLM parses it, and a compiled engine that gives the eager engine's tokens and
 transformers' (float32), for every kind of step, with one graph for every token count, and whose
 steps stay transactions."""
@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from paged_attention import LLM, SamplingParams
-from paged_attention.engine import compilation, model_runner
-from paged_attention.engine.compilation import CompilationConfig
+from paged_attention.engine import model_runner
 from paged_attention.engine.llm_engine import LLMEngine
+from paged_attention.models import compilation
+from paged_attention.models.compilation import CompilationConfig
 
 from .test_transactions import CONFIGS, Injector, check_memory, workload
 

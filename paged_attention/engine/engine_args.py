@@ -96,7 +96,8 @@ class EngineArgs:
     #: vLLM v1's dict: ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": ..,
     #: "prompt_lookup_max": ..}`` (:mod:`.speculative`).
     speculative_config: Any = None
-    #: vLLM's: ``0`` or ``{"mode": 0}`` eager (the default here), modes 1-3 compiled (:mod:`.compilation`).
+    #: vLLM's: ``0`` or ``{"mode": 0}`` eager (the default here), modes 1-3 compiled
+    #: (:mod:`..models.compilation`).
     compilation_config: Any = None
     #: vLLM's: keep the model eager whatever ``compilation_config`` says.
     enforce_eager: bool = False

@@ -34,8 +34,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .._checks import check_int, check_positive_int
 from ..memory.manager import KVCacheManager
 from ..models import eos_token_ids, resolve_model, serving_length
+from ..models.compilation import CompilationConfig
 from .capacity import fit_max_model_len, manager_builder, size_kv_cache
-from .compilation import CompilationConfig
 from .detokenizer import Detokenizer
 from .engine_args import EngineArgs
 from .generation_config import check_generation_config, sampling_defaults

@@ -31,6 +31,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -42,9 +43,9 @@ from ..kernels import reference
 from ..kernels.layout import pad_block_ids
 from ..kernels.rows import replace_norms
 from ..models import invariant
+from ..models.compilation import CompilationConfig, compile_model
 from ..models.merged_projections import merge_projections
 from ..models.packed_linear import pack_linear_layers
-from .compilation import CompilationConfig, compile_model
 from .kv_cache import KVCache
 from .scheduler import ScheduledSequence
 
@@ -175,16 +176,16 @@ def compiled_attention_forward(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs: object,
+    *args: Any,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """A compiled engine's attention function (:mod:`.compilation`): traced, one opaque operation in
-    the graph; run eagerly (outside the engine's compiled forward), :func:`paged_attention_forward`."""
+    """A compiled engine's attention function (:mod:`..models.compilation`): traced, one opaque
+    operation in the graph; run eagerly (outside the engine's compiled forward),
+    :func:`paged_attention_forward`."""
     if torch.compiler.is_compiling():
-        return torch.ops.paged_attention.attend(query, key, value, module.layer_idx, scaling), None
-    return paged_attention_forward(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+        op = torch.ops.paged_attention.attend
+        return op(query, key, value, module.layer_idx, kwargs.get("scaling")), None
+    return paged_attention_forward(module, query, key, value, *args, **kwargs)
 
 
 def _compiled_mask(*args: object, **kwargs: object) -> torch.Tensor | None:
@@ -218,7 +219,7 @@ class ModelRunner:
         #: query length, its sums in float64 (:func:`..kernels.reference.attend`). Slower; see
         #: ``bench batch-invariant``.
         self.batch_invariant = invariant.requested(batch_invariant)  # None: VLLM_BATCH_INVARIANT
-        #: Whether the base model runs compiled (:mod:`.compilation`; never in the batch-invariant mode)
+        #: Whether the base model runs compiled (:mod:`..models.compilation`; never batch-invariant)
         self.compiled = bool(compilation and compilation.compiles) and not self.batch_invariant
         if compilation and compilation.compiles and self.batch_invariant:
             warnings.warn(

@@ -1,7 +1,7 @@
 """What compiling fuses, counted: the calls of one forward pass, eager and compiled (notebook 07).
 
 Eager, transformers' module code issues every operation from Python: each is a dispatch and a
-pass over memory. Compiled (``compilation_config=3``, :mod:`..engine.compilation`), inductor
+pass over memory. Compiled (``compilation_config=3``, :mod:`..models.compilation`), inductor
 writes a Python wrapper that calls three kinds of things: its own fused C++ loops (named after the
 operations each one fuses), the matrix products (oneDNN's packed ``_linear_pointwise``) and our
 attention operation. :func:`forward_calls` counts the first; :func:`compiled_calls` reads the second

@@ -42,7 +42,7 @@ def spec(
     model: str, dtype: str, prompts: list[dict], max_tokens: int, compiled: bool = False
 ) -> dict[str, Any]:
     """The probe's spec for one measured run (:mod:`.peer_probe`'s ``throughput`` case); ``compiled``:
-    this engine with ``compilation_config=3`` (:mod:`..engine.compilation`), compiled in ``LLM(...)``
+    this engine with ``compilation_config=3`` (:mod:`..models.compilation`), compiled in ``LLM(...)``
     as vLLM is."""
     params = dict(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     case = {

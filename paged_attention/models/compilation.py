@@ -12,14 +12,15 @@ Here compiling is opt-in with vLLM's keyword, ``compilation_config`` (an int mod
 ``"mode"`` or ``"level"``, or a :class:`CompilationConfig`): mode 0 (this engine's default) runs
 transformers' modules eagerly, modes 1-3 compile; ``enforce_eager=True`` keeps the model eager
 whatever the mode, as in vLLM. The default differs from vLLM's because compiling costs more than
-the 15 s to a first token a learner should wait (measured in :data:`MEASURED`).
+the 15 s to a first token a learner should wait (``bench peer --compile`` measures both engines
+compiled; figures/peer.json records it).
 
 What the compiled model is (:func:`compile_model`):
 
 * dynamo traces the base model once, whole (``fullgraph``), with the token dimension unbacked (no
   second graph for a one-token step);
 * the attention function becomes one opaque call, ``torch.ops.paged_attention.attend``
-  (registered in :mod:`.model_runner`), which reads the step's forward context as the eager call
+  (registered in :mod:`..engine.model_runner`), which reads the step's forward context as the eager call
   does: the paged kernels are the same ones;
 * inductor with ``freezing``: the weights are constants of the graph, so inductor packs every
   linear layer for oneDNN itself and concatenates the products that share an input (Q/K/V,
@@ -36,7 +37,6 @@ them and build a new engine); results are inductor's, not transformers' operatio
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,14 +63,6 @@ def _mode(value: Any) -> Any:
 
 #: The inductor settings of a compiled model (see the module docstring).
 INDUCTOR_OPTIONS = {"freezing": True, "cpp.enable_concat_linear": True}
-
-#: Measured on this project's 2-core machine (SmolLM2-135M, bfloat16, one thread; `bench peer`):
-#: the trade of compiling, for the docs and the notebook.
-MEASURED = (
-    "compiling SmolLM2-135M takes ~75 s before the first token (eager: ~2 s); a decode step at 64 "
-    "sequences in bfloat16 ~5% shorter, at one sequence 28-29 instead of 40 ms; bench peer: 0.94x "
-    "vLLM in bfloat16 (0.83x eager), 0.99x in float32 (0.89x eager)"
-)
 
 
 @dataclass(frozen=True)
@@ -113,9 +105,6 @@ class CompilationConfig:
                 f"got {type(value).__name__}"
             )
         return cls() if enforce_eager else config
-
-    def as_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
 
 
 def cpp_compiler() -> str | None:
