@@ -29,8 +29,9 @@ libm's ``expf`` and ``floorf`` are calls, one per element, that stop LLVM from v
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, types
-from numba.extending import overload
+from numba.extending import intrinsic, overload
 
 
 @njit(inline="always")
@@ -90,14 +91,37 @@ def _rounded(x, like):
     return lambda x, like: np.float32(x)
 
 
+@intrinsic
+def prefetch(typingctx, array, offset):
+    """Ask the memory system for the cache line that holds element ``offset`` (flat, C order) of
+    ``array`` (x86 ``prefetcht0``): a hint that never faults and returns nothing."""
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        address = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
+        word = ir.IntType(32)
+        hint = ir.FunctionType(ir.VoidType(), [address.type, word, word, word])
+        function = builder.module.declare_intrinsic("llvm.prefetch", [address.type], hint)
+        builder.call(function, [address, word(0), word(3), word(1)])  # read, keep close, data
+        return context.get_dummy_value()
+
+    return types.void(array, offset), codegen
+
+
 @njit(fastmath=True, cache=True, boundscheck=False, nogil=True, error_model="numpy")
 def decode(query, key_cache, value_cache, blocks, seq_lens, scale, out):  # pragma: no cover - compiled
-    """One pass over each sequence's blocks (block outer, heads inner: each block comes in from
-    memory once, front to back; its rows are then re-read from the core's cache by each query head
-    of a GQA group), an online softmax per query head, float32 accumulators."""
+    """Each sequence's blocks in order; each block swept front to back twice, its keys (every
+    query head of every KV head scored: a GQA group shares each key row it loads) then its values;
+    an online softmax per query head between the sweeps, float32 accumulators. The block table
+    sends the sweep to a new place in memory at every block, where the hardware's own prefetcher
+    loses the trail: while the keys are swept, the same rows of values are prefetched, and while the
+    values are swept, the next block's keys (on this machine: 1.7x faster when the cache is in DRAM,
+    as it is in a model with many layers)."""
     num_seqs, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     group = num_heads // num_kv_heads
+    row = num_kv_heads * head_dim  # elements in one token's keys (or values), all KV heads
+    line = max(1, 64 // key_cache.itemsize)  # elements in a 64-byte cache line
     scores = np.empty((num_heads, block_size), np.float32)  # one block's, then its softmax weights
     acc = np.empty((num_heads, head_dim), np.float32)
     best = np.empty(num_heads, np.float32)  # running maximum score per query head
@@ -105,44 +129,59 @@ def decode(query, key_cache, value_cache, blocks, seq_lens, scale, out):  # prag
     scaled = np.empty((num_heads, head_dim), np.float32)  # this sequence's query, widened and scaled
     for s in range(num_seqs):
         n = seq_lens[s]
+        num_blocks = (n + block_size - 1) // block_size
         for i in range(num_heads):
             for d in range(head_dim):
                 scaled[i, d] = widen(query[s, i, d]) * np.float32(scale)
         acc[:] = 0.0
         best[:] = np.float32(-1e30)  # finite: fast-math assumes no infinities
         total[:] = 0.0
-        for j in range((n + block_size - 1) // block_size):  # the sequence's blocks, each read once
-            keys = key_cache[blocks[s, j]]
-            values = value_cache[blocks[s, j]]
+        for j in range(num_blocks):
+            block = blocks[s, j]
+            keys = key_cache[block]
+            values = value_cache[block]
             count = min(block_size, n - j * block_size)  # the last block may be partial
-            for h in range(num_kv_heads):
-                for g in range(group):  # the query heads sharing KV head h (GQA)
-                    i = h * group + g
-                    q = scaled[i]
-                    m = best[i]
-                    for t in range(count):
-                        k = keys[t, h]
+            if j + 1 < num_blocks:
+                upcoming = blocks[s, j + 1]
+            elif s + 1 < num_seqs:
+                upcoming = blocks[s + 1, 0]
+            else:
+                upcoming = block
+            for t in range(count):  # the keys
+                for c in range(0, row, line):
+                    prefetch(value_cache, (block * block_size + t) * row + c)
+                for h in range(num_kv_heads):
+                    k = keys[t, h]
+                    for g in range(group):  # the query heads sharing KV head h (GQA)
+                        i = h * group + g
                         a = np.float32(0.0)
                         for d in range(head_dim):
-                            a += q[d] * widen(k[d])
+                            a += scaled[i, d] * widen(k[d])
                         scores[i, t] = a
-                        m = max(m, a)
-                    rescale = exp(best[i] - m)  # online softmax: rescale what came before
-                    best[i] = m
-                    for d in range(head_dim):
-                        acc[i, d] *= rescale
-                    subtotal = np.float32(0.0)
-                    for t in range(count):
-                        p = exp(scores[i, t] - m)
-                        scores[i, t] = p
-                        subtotal += p
-                    total[i] = total[i] * rescale + subtotal
-                    a_i = acc[i]
-                    for t in range(count):
-                        v = values[t, h]
+            for i in range(num_heads):  # online softmax: rescale what came before
+                m = best[i]
+                for t in range(count):
+                    m = max(m, scores[i, t])
+                rescale = exp(best[i] - m)
+                best[i] = m
+                for d in range(head_dim):
+                    acc[i, d] *= rescale
+                subtotal = np.float32(0.0)
+                for t in range(count):
+                    p = exp(scores[i, t] - m)
+                    scores[i, t] = p
+                    subtotal += p
+                total[i] = total[i] * rescale + subtotal
+            for t in range(count):  # the values
+                for c in range(0, row, line):
+                    prefetch(key_cache, (upcoming * block_size + t) * row + c)
+                for h in range(num_kv_heads):
+                    v = values[t, h]
+                    for g in range(group):
+                        i = h * group + g
                         p = scores[i, t]
                         for d in range(head_dim):
-                            a_i[d] += p * widen(v[d])
+                            acc[i, d] += p * widen(v[d])
         for i in range(num_heads):
             inverse = np.float32(1.0) / total[i]
             for d in range(head_dim):
