@@ -203,3 +203,55 @@ def test_draft_verification_rows_take_the_kernel_and_match_the_reference(dtype, 
     assert rows == [sum(n for n in q_lens if n <= longest)]  # one batched call, a row per token
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, reference.paged_prefill(*args), **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "block_size"), [((9, 3), 16), ((8, 8), 1), ((16, 1), 8)])
+def test_one_call_per_layer_stores_and_attends_as_the_two_calls_do(dtype, heads, block_size):
+    """kernels.decode_layer (store, then decode, one compiled call over every layer's caches) on the
+    strided views transformers hands over: the same caches and the same output, bit for bit, as
+    store_kv followed by paged_decode, and as close to the reference as they are."""
+    num_heads, num_kv_heads = heads
+    lens = [1, block_size + 1, 3 * block_size + 5]
+    case = make_paged_case(lens, block_size, num_kv_heads, 64, dtype, seed=block_size)
+    layers = torch.stack([torch.stack([case.key_cache, case.value_cache])] * 3)  # [3, 2, blocks, ...]
+    generator = torch.Generator().manual_seed(7)
+    # [1, heads, tokens, dim] as transformers hands them over, here laid out heads first in memory,
+    # so that the [tokens, heads, dim] views the kernel gets are strided
+    query = torch.randn(1, num_heads, 3, 64, generator=generator).to(dtype)
+    key, value = (torch.randn(1, num_kv_heads, 3, 64, generator=generator).to(dtype) for _ in range(2))
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    assert not q.is_contiguous() or num_heads == 1
+    blocks = case.block_tables.long()  # each sequence's last position gets the new token
+    slots = torch.tensor([blocks[i, (n - 1) // block_size] * block_size + (n - 1) % block_size
+                          for i, n in enumerate(lens)])  # fmt: skip
+    plan = kernels.plan_decode(case.block_tables, case.seq_lens, case.key_cache)
+    step = kernels.decode_step(layers, slots, plan)
+    assert step is not None
+    expected_caches = layers[1].clone()
+    kernels.store_kv(k.contiguous(), v.contiguous(), *expected_caches, slots, backend="compiled")
+    expected = kernels.paged_decode(q.contiguous(), *expected_caches, case.block_tables, case.seq_lens,
+                                    backend="compiled")  # fmt: skip
+    out = kernels.decode_layer(q, k, v, 1, step)
+    assert out is not None and torch.equal(out, expected)
+    same = dict(atol=0, rtol=0, equal_nan=True)  # (unused slots hold NaN)
+    torch.testing.assert_close(layers[1], expected_caches, **same)  # as the two calls leave them
+    torch.testing.assert_close(layers[0, 0], case.key_cache, **same)  # other layers untouched
+    torch.testing.assert_close(layers[2, 1], case.value_cache, **same)
+    want = reference.paged_decode(q.contiguous(), *expected_caches, case.block_tables, case.seq_lens)
+    torch.testing.assert_close(out, want, **TOLERANCE[dtype])
+
+
+def test_one_call_per_layer_declines_what_it_cannot_read():
+    """float16 caches have no compiled kernel (no step is made); a query of another dtype than the
+    caches', or float64, is declined with None: the engine then makes the two calls."""
+    case = make_paged_case([5, 12], 8, 2, 64, torch.float32)
+    plan = kernels.plan_decode(case.block_tables, case.seq_lens, case.key_cache)
+    slots = torch.tensor([4, 20])
+    layers = torch.stack([case.key_cache, case.value_cache])[None]
+    assert kernels.decode_step(layers.half(), slots, plan) is None
+    step = kernels.decode_step(layers, slots, plan)
+    q, k = torch.randn(2, 4, 64), torch.randn(2, 2, 64)
+    assert kernels.decode_layer(q.bfloat16(), k.bfloat16(), k.bfloat16(), 0, step) is None
+    assert kernels.decode_layer(q.double(), k.double(), k.double(), 0, step) is None
+    assert kernels.decode_layer(q, k, k, 0, step) is not None

@@ -65,6 +65,7 @@ class ForwardContext:
     decode_only: bool  # every sequence brings exactly one token
     backend: str
     plan: kernels.GatherPlan | None = None  # CPU decode (torch, compiled): built once, used by every layer
+    step: kernels.compiled.DecodeStep | None = None  # CPU decode (compiled): caches and plan as NumPy arrays
     invariant: bool = False  # batch-invariant mode: every query length takes the one float64 path
     checked: bool = False  # the step's slot mapping has been checked against the cache (first layer)
 
@@ -121,8 +122,12 @@ def _attend(
     scaling: float | None,
 ) -> tuple[torch.Tensor, None]:
     q = query[0].transpose(0, 1)  # [tokens, heads, dim]
-    k = key[0].transpose(0, 1).contiguous()
-    v = value[0].transpose(0, 1).contiguous()
+    k, v = key[0].transpose(0, 1), value[0].transpose(0, 1)
+    if ctx.step is not None and ctx.checked:  # a decode step after its first layer: one compiled call
+        out = kernels.decode_layer(q, k, v, layer, ctx.step, scaling)
+        if out is not None:
+            return out.unsqueeze(0), None
+    k, v = k.contiguous(), v.contiguous()
     key_cache, value_cache = ctx.kv_cache.key_cache(layer), ctx.kv_cache.value_cache(layer)
     kernels.store_kv(k, v, key_cache, value_cache, ctx.slot_mapping, backend=ctx.backend, checked=ctx.checked)
     ctx.checked = True  # the step's slots are the same for every layer, and so are the caches' shapes
@@ -333,6 +338,8 @@ class ModelRunner:
         )
         if ctx.decode_only and ctx.backend in ("torch", "compiled") and not ctx.invariant:
             ctx.plan = kernels.plan_decode(ctx.block_tables, ctx.seq_lens, self.kv_cache.key_cache(0))
+            if ctx.backend == "compiled":
+                ctx.step = kernels.decode_step(self.kv_cache.data, ctx.slot_mapping, ctx.plan)
         input_ids = torch.tensor([token_ids], device=device)
         position_ids = torch.tensor([positions], device=device)
         prepared = time.perf_counter()

@@ -117,6 +117,33 @@ def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, key_cache: t
     return GatherPlan.build(block_tables, seq_lens, key_cache.shape[1])
 
 
+def decode_step(
+    caches: torch.Tensor, slot_mapping: torch.Tensor, plan: GatherPlan
+) -> compiled.DecodeStep | None:
+    """A CPU decode step for :func:`decode_layer`, made once per step: ``caches`` every layer's keys
+    and values, ``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`` (as the engine's
+    ``KVCache.data`` holds them), the step's ``slot_mapping`` and its checked ``plan``
+    (:func:`plan_decode`). ``None`` where the compiled kernel cannot read these caches."""
+    return compiled.DecodeStep.build(caches, slot_mapping, plan.blocks.view(-1, plan.width), plan.seq_lens)
+
+
+def decode_layer(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layer: int,
+    step: compiled.DecodeStep,
+    scale: float | None = None,
+) -> torch.Tensor | None:
+    """One layer of a CPU decode step in one compiled call: :func:`store_kv` of ``key``/``value``
+    ``[num_seqs, num_kv_heads, head_dim]`` into layer ``layer``'s caches, then :func:`paged_decode`
+    of ``query[num_seqs, num_heads, head_dim]`` (views with a contiguous last dimension are fine).
+    For the engine, whose first layer of a step has checked these shapes and tables through the two
+    separate calls; ``None`` where the compiled kernel cannot run (the caller then makes those two
+    calls)."""
+    return compiled.decode_layer(query, key, value, layer, step, default_scale(query.shape[-1], scale))
+
+
 def paged_prefill(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -174,6 +201,8 @@ def store_kv(
 __all__ = [
     "BACKENDS",
     "GatherPlan",
+    "decode_layer",
+    "decode_step",
     "paged_decode",
     "paged_prefill",
     "plan_decode",

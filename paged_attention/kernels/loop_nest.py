@@ -10,6 +10,9 @@ NumPy arrays; bfloat16 arrives as its raw 16 bits (``uint16``), float32 as itsel
   even, as torch's ``.to(torch.bfloat16)``).
 * ``store(key, value, key_cache, value_cache, slot_mapping)``: rows of ``[tokens, H_kv, D]`` into
   their slots (``-1``: skip), a copy of bits.
+* ``decode_layer(query, key, value, caches, layer, slots, blocks, seq_lens, scale, out)``: the two
+  above in one call, for one layer of every layer's ``caches[layers, 2, ...]`` (one dispatch from
+  Python instead of two, and no per-layer views of the caches to make).
 * ``rms_norm(x, weight, eps, out)``: ``x[T, D]``, ``weight[D]``, ``out[T, D]`` of one kind. The
   arithmetic and roundings of transformers' ``LlamaRMSNorm``: the row widened to float32,
   ``y = x * (1 / sqrt(mean(x**2) + eps))``, ``y`` rounded to the input's kind, then multiplied by the
@@ -201,6 +204,15 @@ def store(key, value, key_cache, value_cache, slot_mapping):  # pragma: no cover
                 for d in range(head_dim):
                     key_cache[block, offset, h, d] = key[t, h, d]
                     value_cache[block, offset, h, d] = value[t, h, d]
+
+
+@njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
+def decode_layer(query, key, value, caches, layer, slots, blocks, seq_lens, scale, out):  # pragma: no cover
+    """:func:`store` then :func:`decode` for layer ``layer`` of ``caches`` (every layer's keys and
+    values, ``[layers, 2, num_blocks, block_size, H_kv, D]``): one layer of a decode step in one
+    call; the query, keys and values may be strided views, as the model hands them over."""
+    store(key, value, caches[layer, 0], caches[layer, 1], slots)
+    decode(query, caches[layer, 0], caches[layer, 1], blocks, seq_lens, scale, out)
 
 
 @njit(fastmath={"reassoc", "nsz"}, cache=True, boundscheck=False, nogil=True, error_model="numpy")
