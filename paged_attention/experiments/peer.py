@@ -3,7 +3,8 @@
 The workload (the yardstick of the speed issue): ``requests`` prompts of 27 to 300 tokens (seeded
 lengths, cut from the tokenized prose of :mod:`..models.corpus` and the demo's questions), greedy,
 ``max_tokens`` output tokens each with ``ignore_eos``, ``max_model_len=512``, 1 GiB of KV cache, one
-compute thread each (this engine: ``OMP_NUM_THREADS=1``; vLLM: its worker bound to core 0). vLLM
+compute thread each (this engine: ``OMP_NUM_THREADS=1``; vLLM: its worker bound to core 0); then
+the first prompt alone (batch 1), in the same process. vLLM
 runs as a new user would run it: compiled (its default), its start-up not timed; this engine eager
 (its default) or, with ``compiled``, compiled too. Runs alternate,
 vLLM then this engine, ``runs`` times per dtype; the ratio is of the medians.
@@ -52,12 +53,14 @@ def spec(
         "warmup": prompts[:16],  # compiled code loaded and caches warm before the timed run
         "params": params,
     }
+    # then one request alone (batch 1: every step reads all the weights for one token)
+    alone = {**case, "name": "batch1", "prompts": prompts[:1], "warmup": prompts[1:2]}
     return {
         "engine_args": dict(model=model, dtype=dtype, max_model_len=512, seed=0),
         "paged_attention_args": dict(
             kv_cache_memory=2**30, **({"compilation_config": 3} if compiled else {})
         ),
-        "cases": [case],
+        "cases": [case, alone],
     }
 
 
@@ -80,6 +83,7 @@ def measure(vllm_python: str, ours_python: str, model: str, tokenizer: Any, out:
         path = out / f"peer-{dtype}.json"
         path.write_text(json.dumps(spec(model, dtype, prompts, max_tokens, compiled)))
         speeds: dict[str, list[float]] = {"vllm": [], "ours": []}
+        alone: dict[str, list[float]] = {"vllm": [], "ours": []}  # batch 1
         ready: dict[str, list[float]] = {"vllm": [], "ours": []}  # seconds from start (import) to ready
         first: dict[str, list] = {}
         for run in range(runs):
@@ -88,12 +92,14 @@ def measure(vllm_python: str, ours_python: str, model: str, tokenizer: Any, out:
                 answer = run_probe(
                     python, name, path, out / f"peer-{dtype}-{engine}-{run}.json", env, timeout=1800
                 )
-                r = answer["answers"]["throughput"]
+                r, one = answer["answers"]["throughput"], answer["answers"]["batch1"]
                 speeds[engine].append(r["output_tokens"] / r["seconds"])
+                alone[engine].append(one["output_tokens"] / one["seconds"])
                 ready[engine].append(answer["ready_seconds"])
                 first[engine] = r["first_tokens"]
                 result[f"{engine}_version"] = answer["version"]
-                print(f"{dtype} run {run + 1}: {engine} {speeds[engine][-1]:.1f} output tokens/s", flush=True)
+                print(f"{dtype} run {run + 1}: {engine} {speeds[engine][-1]:.1f} output tokens/s, batch 1 "
+                      f"{alone[engine][-1]:.1f}", flush=True)  # fmt: skip
         same = sum(a == b for a, b in zip(first["vllm"], first["ours"], strict=True))
         vllm_median, ours_median = statistics.median(speeds["vllm"]), statistics.median(speeds["ours"])
         result["rows"].append(
@@ -105,6 +111,9 @@ def measure(vllm_python: str, ours_python: str, model: str, tokenizer: Any, out:
                 "ours_ready_s": ready["ours"],
                 "ratio": ours_median / vllm_median,
                 "same_first_tokens": same,
+                "vllm_batch1_tokens_per_s": alone["vllm"],
+                "ours_batch1_tokens_per_s": alone["ours"],
+                "batch1_ratio": statistics.median(alone["ours"]) / statistics.median(alone["vllm"]),
             }
         )
     return result

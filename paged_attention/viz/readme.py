@@ -145,8 +145,9 @@ def peer_block(folder: Path | None = None) -> str:
         ),
         "",
         "| dtype | vLLM, output tokens/s | this engine | ratio of medians | same first 16 tokens "
+        "| batch 1, tokens/s: vLLM / this engine (ratio) "
         "| start to ready (import, `LLM(...)`), s: vLLM / this engine |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in r["rows"]:
         theirs = ", ".join(f"{v:.1f}" for v in row["vllm_tokens_per_s"])
@@ -156,9 +157,15 @@ def peer_block(folder: Path | None = None) -> str:
             if "vllm_ready_s" in row
             else "not recorded"
         )
+        alone = (
+            f"{statistics.median(row['vllm_batch1_tokens_per_s']):.1f} / "
+            f"{statistics.median(row['ours_batch1_tokens_per_s']):.1f} ({row['batch1_ratio']:.2f}x)"
+            if "batch1_ratio" in row
+            else "not measured"
+        )
         lines.append(
             f"| {row['dtype']} | {theirs} | {ours} | {row['ratio']:.2f}x | "
-            f"{row['same_first_tokens']} of {r['requests']} | {ready} |"
+            f"{row['same_first_tokens']} of {r['requests']} | {alone} | {ready} |"
         )
     return "\n".join(lines) + "\n"
 
