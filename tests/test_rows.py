@@ -95,3 +95,70 @@ def test_the_sampler_takes_the_plain_argmax_only_where_nothing_changes_the_logit
     assert out.tokens == [expected[0], 7, expected[2]] and out.logprobs == [None, None, None]
     out = Sampler()(logits, [plain, plain, plain], [None] * 3, banned=[[], [expected[1]], []])
     assert out.tokens[1] != expected[1] and out.tokens[0] == expected[0]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows_=st.integers(1, rows.LINEAR_ROWS),
+    features=st.sampled_from([(1, 1), (7, 33), (64, 576), (300, 129)]),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_a_product_of_a_few_bfloat16_rows_is_f_linear_within_one_rounding(rows_, features, bias, seed):
+    """linear_rows sums in float32 and rounds once, as oneDNN's bfloat16 product does (in another
+    order): against the float64 product, its error is at most one bfloat16 rounding, and it is
+    never further from it than F.linear is by more than one."""
+    out_features, in_features = features
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows_, in_features, generator=g).bfloat16()
+    weight = torch.randn(out_features, in_features, generator=g).bfloat16()
+    b = torch.randn(out_features, generator=g).bfloat16() if bias else None
+    with torch.inference_mode():
+        got = rows.linear_rows(x, weight, b)
+        torch_product = torch.nn.functional.linear(x, weight, b)
+    assert got is not None and got.dtype == torch.bfloat16 and got.shape == (rows_, out_features)
+    exact = torch.nn.functional.linear(x.double(), weight.double(), None if b is None else b.double())
+    ulp = exact.abs() * 2**-8 + 1e-6 * in_features  # one bfloat16 rounding, and float32 sums
+    assert ((got.double() - exact).abs() <= ulp).all()
+    assert ((got.double() - exact).abs() <= (torch_product.double() - exact).abs() + ulp).all()
+
+
+def test_a_product_of_a_few_rows_keeps_leading_dims_and_declines_the_rest() -> None:
+    weight = torch.randn(5, 8).bfloat16()
+    with torch.inference_mode():
+        x = torch.randn(1, 1, 8).bfloat16()
+        assert rows.linear_rows(x, weight, None).shape == (1, 1, 5)
+        assert rows.linear_rows(torch.randn(rows.LINEAR_ROWS + 1, 8).bfloat16(), weight, None) is None
+        assert rows.linear_rows(torch.randn(1, 8).half(), weight.half(), None) is None  # no float16 loop
+    assert rows.linear_rows(x, weight, None) is None  # autograd on: the ordinary product
+
+
+def test_the_engine_streams_the_weights_of_one_row_products_and_generates_the_same_text() -> None:
+    """bfloat16, compiled backend: a one-sequence decode takes linear_rows in every packed and merged
+    layer; the greedy tokens are those of the same engine multiplying with oneDNN throughout."""
+    from paged_attention.models import packed_linear
+
+    params = SamplingParams(temperature=0, max_tokens=12)
+    llm = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4, attention_backend="compiled")
+    calls = []
+    original = rows.linear_rows
+
+    def counted(*args):
+        out = original(*args)
+        calls.append(out is not None)
+        return out
+
+    runner = llm.llm_engine.runner
+    layers = [m for m in runner.model.modules() if isinstance(m, packed_linear.PackedLinear)]
+    assert layers and all(layer.rows is original for layer in layers)
+    for layer in layers:
+        layer.rows = counted
+    prompt = [{"prompt_token_ids": [5, 6, 7, 8, 9]}]
+    text = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    assert any(calls)
+    for layer in layers:
+        layer.rows = None
+    for module in runner.model.modules():  # merged groups too
+        if getattr(module, "group", None) is not None:
+            module.group.rows = None
+    assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == text

@@ -13,6 +13,9 @@ NumPy arrays; bfloat16 arrives as its raw 16 bits (``uint16``), float32 as itsel
 * ``decode_layer(query, key, value, caches, layer, slots, blocks, seq_lens, scale, out)``: the two
   above in one call, for one layer of every layer's ``caches[layers, 2, ...]`` (one dispatch from
   Python instead of two, and no per-layer views of the caches to make).
+* ``linear_rows(x, weight, bias, out)``: ``x[M, K] @ weight[N, K].T + bias[N]`` for a few rows
+  (``bias`` of length 0: none), float32 sums, each weight row read once: a matrix-vector product
+  that streams the weights at the memory's pace.
 * ``rms_norm(x, weight, eps, out)``: ``x[T, D]``, ``weight[D]``, ``out[T, D]`` of one kind. The
   arithmetic and roundings of transformers' ``LlamaRMSNorm``: the row widened to float32,
   ``y = x * (1 / sqrt(mean(x**2) + eps))``, ``y`` rounded to the input's kind, then multiplied by the
@@ -213,6 +216,27 @@ def decode_layer(query, key, value, caches, layer, slots, blocks, seq_lens, scal
     call; the query, keys and values may be strided views, as the model hands them over."""
     store(key, value, caches[layer, 0], caches[layer, 1], slots)
     decode(query, caches[layer, 0], caches[layer, 1], blocks, seq_lens, scale, out)
+
+
+@njit(fastmath=True, cache=True, boundscheck=False, nogil=True, error_model="numpy")
+def linear_rows(x, weight, bias, out):  # pragma: no cover - compiled
+    """``out = x @ weight.T + bias`` for a few rows ``x[M, K]``, ``weight[N, K]``, ``bias[N]``
+    (length 0: none): each weight row comes in from memory once for all ``M`` rows, float32 sums,
+    rounded once."""
+    rows, k_in = x.shape
+    wide = np.empty((rows, k_in), np.float32)
+    for m in range(rows):
+        for k in range(k_in):
+            wide[m, k] = widen(x[m, k])
+    for n in range(weight.shape[0]):
+        w = weight[n]
+        for m in range(rows):
+            a = np.float32(0.0)
+            for k in range(k_in):
+                a += widen(w[k]) * wide[m, k]
+            if bias.shape[0] > 0:
+                a += widen(bias[n])
+            out[m, n] = rounded(a, out)
 
 
 @njit(fastmath={"reassoc", "nsz"}, cache=True, boundscheck=False, nogil=True, error_model="numpy")

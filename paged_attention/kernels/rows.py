@@ -1,4 +1,4 @@
-"""Between the matrix products on a CPU: RMSNorm as one compiled pass per row, and a vectorized greedy argmax.
+"""Rows on a CPU: RMSNorm as one compiled pass per row, a vectorized greedy argmax, products of a few rows.
 
 A decode step of SmolLM2 at 64 sequences spent ~17 ms in small eager PyTorch operations besides its
 products and attention (torch's profiler, this project's 2-core machine, bfloat16). Two of them:
@@ -71,6 +71,38 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         compiled.give_up(error)
         return _eager_rms_norm(x, weight, eps)
     return out.view(x.shape)
+
+
+#: The most rows :func:`linear_rows` multiplies (more rows: oneDNN's packed product is faster).
+LINEAR_ROWS = 4
+
+
+def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``F.linear(x, weight, bias)`` for a bfloat16 or float32 ``x[..., K]`` of at most
+    :data:`LINEAR_ROWS` rows, as one pass over the weights (:mod:`.loop_nest`): a decode step of one
+    sequence is a matrix-vector product per layer, bound by reading the weights, and oneDNN's
+    blocked kernel reads them well below the memory's pace there (SmolLM2's layers, one thread,
+    this project's 2-core AMD EPYC: 18-19 GB/s here against 12 GB/s in bfloat16 and 15 GB/s in
+    float32). float32 sums, rounded once (in another order than oneDNN's: results may differ by one
+    rounding). ``None`` where it does not apply (more rows, another dtype or device, autograd,
+    Numba unavailable): the caller multiplies as before."""
+    rows = x.numel() // max(1, x.shape[-1])
+    if rows > LINEAR_ROWS or rows == 0 or x.dtype not in compiled.DTYPES or torch.is_grad_enabled():
+        return None
+    if not _fits(x, weight, *(() if bias is None else (bias,))):
+        return None
+    flat = x.detach().reshape(rows, x.shape[-1]).contiguous()
+    out = flat.new_empty(rows, weight.shape[0])
+    try:
+        from .loop_nest import linear_rows as loop  # imported late: importing Numba costs half a second
+
+        added = bias.detach().contiguous() if bias is not None else weight.new_empty(0)
+        matrix = compiled.as_numpy(weight.detach().contiguous())
+        loop(compiled.as_numpy(flat), matrix, compiled.as_numpy(added), compiled.as_numpy(out))
+    except Exception as error:
+        compiled.give_up(error)
+        return None
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def _eager_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from . import invariant
 from .packed_linear import (
     PACKED_DTYPES,
+    RowProduct,
     pack_weight,
     packed_product,
     packing_available,
@@ -47,8 +48,9 @@ GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 class MergedProduct:
     """One group's merged weight and the latest product's column slices, waiting to be taken."""
 
-    def __init__(self, layers: list[torch.nn.Linear]) -> None:
+    def __init__(self, layers: list[torch.nn.Linear], rows: RowProduct | None = None) -> None:
         self.layers = layers
+        self.rows = rows  # tried first on every product (None: always the packed product)
         self.sizes = [layer.out_features for layer in layers]
         self.pack = False
         self.weight = self.bias = self.packed = None  # type: torch.Tensor | None
@@ -85,6 +87,10 @@ class MergedProduct:
         return invariant.product(self._multiply, x)  # in fixed row chunks in batch-invariant mode
 
     def _multiply(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rows is not None and not torch.is_grad_enabled():
+            out = self.rows(x, self.weight, self.bias)
+            if out is not None:
+                return out
         if self.packed is not None and x.dtype == self.weight.dtype:
             return packed_product(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
@@ -131,10 +137,11 @@ class MergedMember(torch.nn.Linear):
         return linear
 
 
-def merge_projections(model: torch.nn.Module) -> int:
+def merge_projections(model: torch.nn.Module, rows: RowProduct | None = None) -> int:
     """Merge every group of :data:`GROUPS` in ``model`` whose layers are plain ``nn.Linear`` on one
     device and dtype, reading the same number of features, and whose merged product agrees with the
-    separate ones bit for bit; in place. Returns how many groups were merged."""
+    separate ones bit for bit; in place (each group trying ``rows`` first on every product, as
+    :class:`.packed_linear.PackedLinear` does). Returns how many groups were merged."""
     merged = 0
     verdicts: dict[tuple[object, ...], bool] = {}
     with torch.no_grad():
@@ -156,7 +163,7 @@ def merge_projections(model: torch.nn.Module) -> int:
                 if not verdicts[key]:
                     continue
                 members = [MergedMember(linear) for linear in linears]
-                group = MergedProduct(members)  # type: ignore[arg-type]
+                group = MergedProduct(members, rows)  # type: ignore[arg-type]
                 for index, (name, member) in enumerate(zip(names, members, strict=True)):
                     member.group, member.index = group, index
                     setattr(parent, name, member)

@@ -42,6 +42,10 @@ from . import invariant
 #: The dtypes whose CPU linear layers are packed.
 PACKED_DTYPES = (torch.bfloat16, torch.float32)
 
+#: ``rows(x, weight, bias)``: a product of a few rows another way, or ``None`` where it does not
+#: apply (the engine passes :func:`..kernels.rows.linear_rows`).
+RowProduct = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], "torch.Tensor | None"]
+
 
 @functools.cache
 def packing_available() -> bool:
@@ -70,11 +74,12 @@ def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
 class PackedLinear(torch.nn.Linear):
     """An ``nn.Linear`` (same parameters, same results) that multiplies with a packed weight copy."""
 
-    def __init__(self, linear: torch.nn.Linear) -> None:
+    def __init__(self, linear: torch.nn.Linear, rows: RowProduct | None = None) -> None:
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the same Parameter: ties and the state dict are unchanged
         self.bias = linear.bias
+        self.rows = rows  # tried first on every product (None: always the packed product)
         self._repack()
 
     def _state(self) -> tuple[int, int, int | None]:
@@ -93,6 +98,10 @@ class PackedLinear(torch.nn.Linear):
             return F.linear(x, weight, self.bias)
         if x.device.type != "cpu" or weight.device.type != "cpu":
             return F.linear(x, weight, self.bias)
+        if self.rows is not None:
+            out = self.rows(x, weight, self.bias)
+            if out is not None:
+                return out
         if self._state() != self.packed_state:
             self._repack()
         return packed_product(x, self.packed, self.bias)
@@ -106,11 +115,13 @@ class PackedLinear(torch.nn.Linear):
         return linear
 
 
-def pack_linear_layers(model: torch.nn.Module, skip: torch.nn.Module | None = None) -> int:
+def pack_linear_layers(
+    model: torch.nn.Module, skip: torch.nn.Module | None = None, rows: RowProduct | None = None
+) -> int:
     """Replace every CPU ``nn.Linear`` of :data:`PACKED_DTYPES` in ``model`` (outside ``skip``, a
-    submodule left as it is) by a :class:`PackedLinear`, in place, after checking on the first one
-    that the packed product agrees with ``F.linear``. Returns how many were packed (0 where packing
-    is unavailable or does not agree)."""
+    submodule left as it is) by a :class:`PackedLinear` (trying ``rows`` first on each product), in
+    place, after checking on the first one that the packed product agrees with ``F.linear``.
+    Returns how many were packed (0 where packing is unavailable or does not agree)."""
     if not packing_available():
         return 0
     skipped = {id(m) for m in skip.modules()} if skip is not None else set()
@@ -126,7 +137,7 @@ def pack_linear_layers(model: torch.nn.Module, skip: torch.nn.Module | None = No
     if not targets or not _agrees(targets[0][2]):
         return 0
     for parent, name, child in targets:
-        setattr(parent, name, PackedLinear(child))
+        setattr(parent, name, PackedLinear(child, rows))
     return len(targets)
 
 
