@@ -236,8 +236,9 @@ def test_one_call_per_layer_stores_and_attends_as_the_two_calls_do(dtype, heads,
     assert out is not None and torch.equal(out, expected)
     same = dict(atol=0, rtol=0, equal_nan=True)  # (unused slots hold NaN)
     torch.testing.assert_close(layers[1], expected_caches, **same)  # as the two calls leave them
-    torch.testing.assert_close(layers[0, 0], case.key_cache, **same)  # other layers untouched
-    torch.testing.assert_close(layers[2, 1], case.value_cache, **same)
+    for other in (0, 2):  # other layers untouched
+        torch.testing.assert_close(layers[other, 0], case.key_cache, **same)
+        torch.testing.assert_close(layers[other, 1], case.value_cache, **same)
     want = reference.paged_decode(q.contiguous(), *expected_caches, case.block_tables, case.seq_lens)
     torch.testing.assert_close(out, want, **TOLERANCE[dtype])
 

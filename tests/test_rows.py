@@ -130,6 +130,10 @@ def test_a_product_of_a_few_rows_keeps_leading_dims_and_declines_the_rest() -> N
         assert rows.linear_rows(x, weight, None).shape == (1, 1, 5)
         assert rows.linear_rows(torch.randn(rows.LINEAR_ROWS + 1, 8).bfloat16(), weight, None) is None
         assert rows.linear_rows(torch.randn(1, 8).half(), weight.half(), None) is None  # no float16 loop
+        assert rows.linear_rows(torch.randn(1, 8), weight.float(), None) is None  # float32: oneDNN's
+        assert rows.linear_rows(torch.randn(1, 9).bfloat16(), weight, None) is None  # K does not match
+        assert rows.linear_rows(x, weight, torch.zeros(4).bfloat16()) is None  # nor does the bias
+        assert rows.linear_rows(x, weight.t().contiguous().t(), None) is None  # a strided weight
     assert rows.linear_rows(x, weight, None) is None  # autograd on: the ordinary product
 
 

@@ -241,11 +241,12 @@ class ModelRunner:
         model.set_attn_implementation(COMPILED_NAME if self.compiled else ATTENTION_NAME)
         #: Q/K/V and gate/up become one product each (:mod:`..models.merged_projections`), then the
         #: other linear layers on a CPU get their weights packed once (:mod:`..models.packed_linear`);
-        #: with the compiled backend, products of a few rows stream the weights instead
+        #: with the compiled backend, bfloat16 products of a few rows stream the weights instead
         #: (:func:`..kernels.rows.linear_rows`: a step of one sequence is bound by reading them). A
         #: compiled model leaves merging and packing to inductor, but for the output layer.
         on_cpu = self.device.type == "cpu"
-        few = linear_rows if self.backend == "compiled" and not self.batch_invariant else None
+        bf16 = next(model.parameters()).dtype == torch.bfloat16
+        few = linear_rows if bf16 and self.backend == "compiled" and not self.batch_invariant else None
         self.num_merged_groups = merge_projections(model, few) if on_cpu and not self.compiled else 0
         skip = model.base_model if self.compiled else None
         self.num_packed_layers = pack_linear_layers(model, skip=skip, rows=few) if on_cpu else 0

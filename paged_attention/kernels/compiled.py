@@ -37,7 +37,8 @@ they load, read each value row once per 32-lane half and per query head, and mak
 over the scores); FlexAttention with a paged block mask 7-8 ms; the eager gather and torch's fused
 SDPA 17 ms. Inductor writes the loops it chooses; here we choose them, and where memory is read.
 
-Compilation: Numba compiles the kernel once per cache dtype on first use (about a second) and
+Compilation: Numba compiles the kernel once per cache dtype (and :func:`decode_layer` once more
+per memory layout of its query, keys and values: contiguous or strided) on first use (about a second) and
 caches the machine code on disk (next to this file, or in Numba's user cache when that is not
 writable), so later processes load it in milliseconds. Where Numba is missing or compiling fails,
 the first call says so once with a warning and every call falls back to the eager recipe, which
@@ -103,6 +104,7 @@ def paged_decode(
         or key_cache.dtype not in DTYPES
         or query.dtype not in DTYPES
         or not key_cache.is_contiguous()
+        or not value_cache.is_contiguous()  # (the kernel's prefetch addresses assume contiguous caches)
     ):
         return _eager(query, key_cache, value_cache, blocks, seq_lens, scale)
     query = query.detach().contiguous()

@@ -1,6 +1,6 @@
-"""The loop nests Numba compiles for the CPU: in-place decode attention, the K/V store, RMSNorm.
+"""The loop nests Numba compiles for the CPU: attention in place, the K/V store, few-row products, RMSNorm.
 
-:mod:`.compiled` calls the first two and tells why; :mod:`.rows` calls the third. All arguments are
+:mod:`.compiled` calls the first three and tells why; :mod:`.rows` calls the last two. All arguments are
 NumPy arrays; bfloat16 arrives as its raw 16 bits (``uint16``), float32 as itself.
 
 * ``decode(query, key_cache, value_cache, blocks, seq_lens, scale, out)``: ``query[S, H, D]``;
@@ -218,7 +218,7 @@ def decode_layer(query, key, value, caches, layer, slots, blocks, seq_lens, scal
     decode(query, caches[layer, 0], caches[layer, 1], blocks, seq_lens, scale, out)
 
 
-@njit(fastmath=True, cache=True, boundscheck=False, nogil=True, error_model="numpy")
+@njit(fastmath={"reassoc", "contract"}, cache=True, boundscheck=False, nogil=True, error_model="numpy")
 def linear_rows(x, weight, bias, out):  # pragma: no cover - compiled
     """``out = x @ weight.T + bias`` for a few rows ``x[M, K]``, ``weight[N, K]``, ``bias[N]``
     (length 0: none): each weight row comes in from memory once for all ``M`` rows, float32 sums,

@@ -12,7 +12,8 @@ products and attention (torch's profiler, this project's 2-core machine, bfloat1
 
 vLLM's CPU path gets the same from its compiled graph (inductor fuses the norm) and its
 ``greedy_argmax`` C++ operation. Whatever these do not cover (another device or dtype, autograd,
-Numba missing) takes the eager operations, with the same result.
+Numba missing) takes the eager operations, with the same result (:func:`linear_rows`: within one
+rounding, its sums in another order than oneDNN's).
 """
 
 from __future__ import annotations
@@ -78,16 +79,22 @@ LINEAR_ROWS = 4
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """``F.linear(x, weight, bias)`` for a bfloat16 or float32 ``x[..., K]`` of at most
-    :data:`LINEAR_ROWS` rows, as one pass over the weights (:mod:`.loop_nest`): a decode step of one
-    sequence is a matrix-vector product per layer, bound by reading the weights, and oneDNN's
-    blocked kernel reads them well below the memory's pace there (SmolLM2's layers, one thread,
-    this project's 2-core AMD EPYC: 18-19 GB/s here against 12 GB/s in bfloat16 and 15 GB/s in
-    float32). float32 sums, rounded once (in another order than oneDNN's: results may differ by one
-    rounding). ``None`` where it does not apply (more rows, another dtype or device, autograd,
-    Numba unavailable): the caller multiplies as before."""
+    """``F.linear(x, weight, bias)`` for a bfloat16 ``x[..., K]`` of at most :data:`LINEAR_ROWS` rows
+    and a contiguous ``weight[N, K]``, as one pass over the weights (:mod:`.loop_nest`): a decode
+    step of one sequence is a matrix-vector product per layer, bound by reading the weights, and
+    oneDNN's blocked kernel reads them well below the memory's pace there (SmolLM2's layers, one
+    thread, this project's 2-core AMD EPYC: 18.3 GB/s here against 12.2 GB/s; in float32 the same
+    loop reached 18.9 against 14.9, but float32 stays oneDNN's, because a float32 model promises the
+    same greedy tokens whatever the batch, with or without speculative drafts, and this loop sums
+    in another order). float32 sums, rounded once (results may differ from oneDNN's by one
+    rounding). ``None`` where it does not apply (more rows, another dtype or device, shapes that do
+    not match, autograd, Numba unavailable): the caller multiplies as before."""
     rows = x.numel() // max(1, x.shape[-1])
-    if rows > LINEAR_ROWS or rows == 0 or x.dtype not in compiled.DTYPES or torch.is_grad_enabled():
+    if rows > LINEAR_ROWS or rows == 0 or x.dtype != torch.bfloat16 or torch.is_grad_enabled():
+        return None
+    if weight.dim() != 2 or x.shape[-1] != weight.shape[1] or not weight.is_contiguous():
+        return None  # (the loop reads whole weight rows unchecked; a strided weight: oneDNN's product)
+    if bias is not None and bias.shape != (weight.shape[0],):
         return None
     if not _fits(x, weight, *(() if bias is None else (bias,))):
         return None

@@ -8,8 +8,9 @@ the engine takes the model, and multiplies with the packed copy (torch's
 ``mkldnn._reorder_linear_weight`` and ``mkldnn._linear_pointwise``, the pair torch's own compiler
 uses on CPUs; vLLM's CPU backend keeps prepacked oneDNN weights the same way, in both dtypes). For
 contiguous bfloat16 inputs the result is bit-identical to ``F.linear`` (same kernel, same order of
-sums; checked when packing), and on a 2-core Xeon with AMX the 211 linear layers of SmolLM2-135M
-take ~30 ms instead of ~43 ms at 16 rows.
+sums; checked when packing; a layer given a ``rows`` product for a few rows, as the engine's are
+for bfloat16, is within one rounding there), and on a 2-core Xeon with AMX the 211 linear layers
+of SmolLM2-135M take ~30 ms instead of ~43 ms at 16 rows.
 
 float32 ``F.linear`` goes to MKL instead; oneDNN's packed float32 product sums in another order (a
 few ulps apart, checked when packing) and is faster from a few rows on: on this project's 2-core
@@ -72,7 +73,8 @@ def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
 
 
 class PackedLinear(torch.nn.Linear):
-    """An ``nn.Linear`` (same parameters, same results) that multiplies with a packed weight copy."""
+    """An ``nn.Linear`` (same parameters, the same results up to the products' order of sums) that
+    multiplies with a packed weight copy, trying ``rows`` first where one is given."""
 
     def __init__(self, linear: torch.nn.Linear, rows: RowProduct | None = None) -> None:
         torch.nn.Module.__init__(self)
