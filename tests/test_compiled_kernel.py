@@ -256,3 +256,52 @@ def test_one_call_per_layer_declines_what_it_cannot_read():
     assert kernels.decode_layer(q.bfloat16(), k.bfloat16(), k.bfloat16(), 0, step) is None
     assert kernels.decode_layer(q.double(), k.double(), k.double(), 0, step) is None
     assert kernels.decode_layer(q, k, k, 0, step) is not None
+
+
+def test_the_engine_takes_the_one_call_path_after_each_steps_first_layer(monkeypatch):
+    """A decode step of the compiled backend: the first layer through the two checked calls, every
+    later layer through decode_layer; if that declines (here: Numba failing, simulated), the two
+    calls again, with the same tokens and a warning once."""
+    from paged_attention import LLM, SamplingParams
+
+    llm = LLM(num_kv_blocks=32, block_size=4, attention_backend="compiled")
+    layers = llm.llm_engine.model.config.num_hidden_layers
+    calls = {"one": 0, "two": 0}
+    one, two = kernels.decode_layer, kernels.paged_decode
+
+    def counted_one(*args, **kwargs):
+        out = one(*args, **kwargs)
+        calls["one"] += out is not None
+        return out
+
+    def counted_two(*args, **kwargs):
+        calls["two"] += 1
+        return two(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "decode_layer", counted_one)
+    monkeypatch.setattr(kernels, "paged_decode", counted_two)
+    params = SamplingParams(temperature=0, max_tokens=5)
+    prompt = [{"prompt_token_ids": [5, 6, 7]}]
+    expected = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    decode_steps = len(expected) - 1  # the first token comes from the prompt's step
+    assert calls == {"one": decode_steps * (layers - 1), "two": decode_steps}
+
+    import paged_attention.kernels.loop_nest as loop_nest
+
+    def broken(*args):
+        raise ImportError("numba's decode_layer is unavailable (simulated)")
+
+    monkeypatch.setattr(loop_nest, "decode_layer", broken)
+    monkeypatch.setattr(compiled, "_failed", None)
+    with pytest.warns(RuntimeWarning, match="falls back"):
+        got = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    assert got == expected
+
+
+def test_one_call_per_layer_declines_a_strided_last_dimension():
+    case = make_paged_case([5, 12], 8, 2, 64, torch.float32)
+    plan = kernels.plan_decode(case.block_tables, case.seq_lens, case.key_cache)
+    layers = torch.stack([case.key_cache, case.value_cache])[None]
+    step = kernels.decode_step(layers, torch.tensor([4, 20]), plan)
+    q, k = torch.randn(2, 4, 128)[..., ::2], torch.randn(2, 2, 64)
+    assert q.stride(-1) == 2 and kernels.decode_layer(q, k, k, 0, step) is None
