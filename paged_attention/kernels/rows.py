@@ -104,7 +104,7 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         from .loop_nest import linear_rows as loop  # imported late: importing Numba costs half a second
 
         added = bias.detach().contiguous() if bias is not None else weight.new_empty(0)
-        matrix = compiled.as_numpy(weight.detach().contiguous())
+        matrix = compiled.as_numpy(weight.detach())  # (contiguous: checked above)
         loop(compiled.as_numpy(flat), matrix, compiled.as_numpy(added), compiled.as_numpy(out))
     except Exception as error:
         compiled.give_up(error)
