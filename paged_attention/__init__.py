@@ -19,7 +19,7 @@ _PUBLIC = {
     "EngineArgs": "engine_args",
     "TextPrompt": "inputs",
     "TokensPrompt": "inputs",
-    "Logprob": "logprobs",
+    "Logprob": "sample.logprobs",
     "Metric": "metrics",
     "Counter": "metrics",
     "Gauge": "metrics",
@@ -27,9 +27,9 @@ _PUBLIC = {
     "Vector": "metrics",
     "RequestOutput": "outputs",
     "CompletionOutput": "outputs",
-    "SamplingParams": "sampling",
-    "BeamSearchParams": "sampling",
-    "RequestOutputKind": "sampling",
+    "SamplingParams": "sample.sampling",
+    "BeamSearchParams": "sample.sampling",
+    "RequestOutputKind": "sample.sampling",
 }
 
 

@@ -1,7 +1,7 @@
 """Scheduler tests without a model: sequences of given lengths, and the replay's scripted step."""
 
-from paged_attention.engine.sampling import SamplingParams
-from paged_attention.engine.scheduler import Scheduler, SchedulerOutput
+from paged_attention.engine.core.scheduler import Scheduler, SchedulerOutput
+from paged_attention.engine.sample.sampling import SamplingParams
 from paged_attention.engine.sequence import Sequence
 from paged_attention.experiments.replay import scripted_step
 

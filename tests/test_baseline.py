@@ -17,7 +17,7 @@ from paged_attention.baselines import (
     reservation_slots,
 )
 from paged_attention.baselines.static_batching import StaticBatching
-from paged_attention.engine.scheduler import Scheduler
+from paged_attention.engine.core.scheduler import Scheduler
 from paged_attention.experiments.paper import KV_SLOTS, MAX_MODEL_LEN, make_manager
 from paged_attention.experiments.replay import run_trace
 from paged_attention.experiments.traces import TraceRequest, fixed_trace, synthetic_trace

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from paged_attention import LLM, SamplingParams
-from paged_attention.engine import model_runner
 from paged_attention.engine.llm_engine import LLMEngine
+from paged_attention.engine.worker import model_runner
 from paged_attention.models import compilation
 from paged_attention.models.compilation import CompilationConfig
 

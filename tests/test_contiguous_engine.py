@@ -11,7 +11,7 @@ import torch
 
 from paged_attention.baselines import ContiguousKVCacheManager
 from paged_attention.baselines.engines import baseline_engine
-from paged_attention.engine.sampling import SamplingParams
+from paged_attention.engine.sample.sampling import SamplingParams
 from paged_attention.memory.paged_manager import PagedKVCacheManager
 from paged_attention.models import DEFAULT_MODEL_NAME, load_model
 from tests.streaming import finished_only

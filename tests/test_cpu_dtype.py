@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig
 
 from paged_attention import LLM, LLMEngine, SamplingParams
-from paged_attention.engine.sampling import Sampler
+from paged_attention.engine.sample.sampling import Sampler
 from paged_attention.models import cpu_dtype, explain_dtype, load_model, resolve_dtype
 from paged_attention.models.cpu_dtype import MARGIN, choose_cpu_dtype, float32_weight_bytes
 from paged_attention.models.packed_linear import (

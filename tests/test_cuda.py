@@ -17,7 +17,7 @@ import torch
 
 from paged_attention import kernels
 from paged_attention.engine.llm import LLM
-from paged_attention.engine.sampling import SamplingParams
+from paged_attention.engine.sample.sampling import SamplingParams
 from paged_attention.kernels import decode, prefill, reference, store
 from tests.kernel_cases import TOLERANCE, make_paged_case, query_start_loc
 from tests.test_engine import PROMPTS, _random_model

@@ -15,7 +15,7 @@ from transformers import (
 
 from paged_attention.engine.llm import LLM
 from paged_attention.engine.llm_engine import LLMEngine
-from paged_attention.engine.sampling import SamplingParams
+from paged_attention.engine.sample.sampling import SamplingParams
 from paged_attention.models import DEFAULT_MODEL_NAME, load_model, load_tokenizer
 from tests.streaming import finished_only
 
@@ -294,7 +294,7 @@ def test_sampling_params_are_validated(kwargs, error, message):
 
 
 def test_top_k_minus_one_and_zero_mean_all_tokens():
-    from paged_attention.engine.sampling import filtered_scores
+    from paged_attention.engine.sample.sampling import filtered_scores
 
     def kept(params):
         return filtered_scores(logits.clone(), [params])[0] > float("-inf")
@@ -343,7 +343,7 @@ def test_abort_frees_everything(models, tokenizer):
 
 
 def test_sampling_filters_follow_vllm_order_min_p_then_top_k_then_top_p():
-    from paged_attention.engine.sampling import filtered_scores
+    from paged_attention.engine.sample.sampling import filtered_scores
 
     def kept(params):
         return filtered_scores(logits.clone(), [params])[0] > float("-inf")

@@ -1,4 +1,4 @@
-"""The sampler's draw: Gumbel-max with hashed noise, as vLLM's CPU build draws (engine/gumbel.py)."""
+"""The sampler's draw: Gumbel-max with hashed noise, as vLLM's CPU build draws (engine/sample/gumbel.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged_attention.engine.gumbel import G_MAX, G_MIN, draw_seed, gumbel_argmax, noise
+from paged_attention.engine.sample.gumbel import G_MAX, G_MIN, draw_seed, gumbel_argmax, noise
 
 
 def test_known_answers_of_vllms_cpu_kernel() -> None:

@@ -14,7 +14,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 
-from paged_attention.engine.kv_cache import KVCache, KVCacheSpec
+from paged_attention.engine.worker.kv_cache import KVCache, KVCacheSpec
 from paged_attention.memory.accounting import paged_memory_report
 from paged_attention.memory.allocator import BlockAllocator, NoFreeBlocksError
 from paged_attention.memory.page_table import PageTable

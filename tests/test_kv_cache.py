@@ -2,7 +2,7 @@ import pytest
 import torch
 from transformers import GPT2Config, LlamaConfig, OPTConfig
 
-from paged_attention.engine.kv_cache import KVCache, KVCacheSpec, kv_bytes_per_token
+from paged_attention.engine.worker.kv_cache import KVCache, KVCacheSpec, kv_bytes_per_token
 from paged_attention.kernels.reference import store_kv
 from paged_attention.memory.page_table import BlockCopy
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from paged_attention.engine.kv_cache import KVCacheSpec
+from paged_attention.engine.worker.kv_cache import KVCacheSpec
 from paged_attention.lab import EXERCISES
 from paged_attention.lab.checking import CheckFailed, checker, run
 from paged_attention.lab.checks_memory import DTYPES
@@ -231,7 +231,7 @@ def test_a_cell_cannot_write_outside_its_own_folder(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "cell",
     [
-        "from paged_attention.engine.scheduler import SchedulingPolicy\nPolicy = SchedulingPolicy\n",
+        "from paged_attention.engine.core.scheduler import SchedulingPolicy\nPolicy = SchedulingPolicy\n",
         "class Policy(SchedulingPolicy):\n    pass\n",
         "class Policy(SchedulingPolicy):\n    def victim(self, running):\n        return running[-1]\n",
     ],

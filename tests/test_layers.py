@@ -160,3 +160,49 @@ def test_the_command_line_uses_only_public_views() -> None:
         source = path.read_text()
         reached = private_names(source) - {"_results", "_checks"}  # the cli's own helper modules
         assert reached == set(), f"{path.relative_to(PACKAGE)} reaches for {sorted(reached)}"
+
+
+# -- the engine's rooms (vLLM v1's tree): the rooms below the front never reach up into it -------------
+ENGINE = PACKAGE / "engine"
+ROOMS = ("core", "worker", "sample", "spec_decode")
+# The front and the entry points: what tokenizes, builds requests, talks to a user or to another process.
+FRONT = {"llm_engine", "llm", "intake", "inputs", "chat", "engine_args", "generation_config",
+         "compatibility", "metrics", "async_llm", "engine_core", "core_client"}  # fmt: skip
+
+
+def engine_modules(source: str, path: Path) -> set[str]:
+    """The engine modules (``llm_engine``, ``core``, ...: the first name below ``engine``) that
+    ``source``, the text of the module at ``path``, imports relatively."""
+    here = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(source, str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            target = [*here[: len(here) - node.level + 1], *(node.module.split(".") if node.module else [])]
+            if target[:2] == ["paged_attention", "engine"] and len(target) > 2:
+                found.add(target[2])
+            elif target[:2] == ["paged_attention", "engine"]:
+                found |= {a.name for a in node.names}
+    return found
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_engine_rooms_never_import_the_front(room: str) -> None:
+    for path in sorted((ENGINE / room).glob("*.py")):
+        reached = engine_modules(path.read_text(), path) & FRONT
+        assert not reached, f"engine/{room}/{path.name} imports the front: {sorted(reached)}"
+
+
+def test_the_room_rule_catches_a_scheduler_importing_the_front() -> None:
+    probe = ENGINE / "core" / "probe.py"
+    found = engine_modules("from ..llm_engine import LLMEngine\nfrom .step import StepUpdate\n", probe)
+    assert found == {"llm_engine", "core"} and found & FRONT == {"llm_engine"}
+
+
+def test_no_room_holds_more_than_a_fifth_of_the_package() -> None:
+    """A room is one folder's own modules; none may hold over ~20% of the package's lines."""
+    lines: dict[Path, int] = {}
+    for path in PACKAGE.rglob("*.py"):
+        lines[path.parent] = lines.get(path.parent, 0) + len(path.read_text().splitlines())
+    total = sum(lines.values())
+    crowded = {str(d.relative_to(PACKAGE.parent)): n / total for d, n in lines.items() if n > 0.2 * total}
+    assert not crowded, f"split these rooms: {crowded}"

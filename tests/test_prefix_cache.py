@@ -16,9 +16,9 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from paged_attention.engine.kv_cache import KVCache, KVCacheSpec
-from paged_attention.engine.sampling import SamplingParams
+from paged_attention.engine.sample.sampling import SamplingParams
 from paged_attention.engine.sequence import Sequence
+from paged_attention.engine.worker.kv_cache import KVCache, KVCacheSpec
 from paged_attention.memory.allocator import NoFreeBlocksError
 from paged_attention.memory.paged_manager import PagedKVCacheManager
 from paged_attention.memory.prefix_cache import (

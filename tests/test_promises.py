@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from paged_attention import LLM, SamplingParams
-from paged_attention.engine.sampling import Sampler
+from paged_attention.engine.sample.sampling import Sampler
 from paged_attention.engine.sequence import Sequence
 from paged_attention.memory.page_table import PageTable
 from paged_attention.memory.paged_manager import PagedKVCacheManager

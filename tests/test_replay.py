@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged_attention.engine.scheduler import SchedulingPolicy
+from paged_attention.engine.core.scheduler import SchedulingPolicy
 from paged_attention.experiments.replay import linear_step_time, run_trace
 from paged_attention.experiments.traces import TraceRequest
 from paged_attention.memory.paged_manager import PagedKVCacheManager

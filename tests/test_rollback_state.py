@@ -25,12 +25,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from paged_attention.baselines.contiguous import ContiguousKVCacheManager
 from paged_attention.baselines.engines import baseline_engine
 from paged_attention.engine.beam_search import BeamSearchRequest
-from paged_attention.engine.kv_cache import KVCache
+from paged_attention.engine.core.scheduler import Scheduler
 from paged_attention.engine.llm_engine import LLMEngine
 from paged_attention.engine.parallel_sampling import SamplingRequest
-from paged_attention.engine.sampling import SamplingParams
-from paged_attention.engine.scheduler import Scheduler
+from paged_attention.engine.sample.sampling import SamplingParams
 from paged_attention.engine.sequence import Sequence
+from paged_attention.engine.worker.kv_cache import KVCache
 from paged_attention.memory.allocator import BlockAllocator, KVCacheBlock
 from paged_attention.memory.page_table import PageTable
 from paged_attention.memory.paged_manager import PagedKVCacheManager

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from paged_attention import LLM, SamplingParams
-from paged_attention.engine.sampling import Sampler
+from paged_attention.engine.sample.sampling import Sampler
 from paged_attention.kernels import compiled, rows
 
 

@@ -11,9 +11,9 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from paged_attention import LLM, SamplingParams
-from paged_attention.engine.logits import History, process
-from paged_attention.engine.logprobs import Logprob
-from paged_attention.engine.sampling import Sampler
+from paged_attention.engine.sample.logits import History, process
+from paged_attention.engine.sample.logprobs import Logprob
+from paged_attention.engine.sample.sampling import Sampler
 from paged_attention.models import DEFAULT_MODEL_NAME, load_model
 from tests.test_promises import CHI2_999, DRAWS, LOGITS, expected
 

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged_attention.engine.scheduler import Scheduler, StepUpdate
+from paged_attention.engine.core.scheduler import Scheduler, StepUpdate
 from paged_attention.engine.sequence import FinishReason, Sequence, SequenceStatus
 from paged_attention.experiments.replay import run_trace
 from paged_attention.experiments.traces import TraceRequest

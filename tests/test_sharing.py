@@ -14,7 +14,7 @@ import torch
 from paged_attention.baselines.engines import contiguous_cache
 from paged_attention.engine.llm import LLM
 from paged_attention.engine.llm_engine import LLMEngine
-from paged_attention.engine.sampling import BeamSearchParams, SamplingParams
+from paged_attention.engine.sample.sampling import BeamSearchParams, SamplingParams
 from paged_attention.engine.sequence import FinishReason
 from paged_attention.models import DEFAULT_MODEL_NAME, load_model, load_tokenizer
 from tests.streaming import finished_only

@@ -14,7 +14,7 @@ import torch
 
 from paged_attention import LLM, SamplingParams
 from paged_attention.baselines.contiguous import ContiguousKVCacheManager
-from paged_attention.engine.sampling import RequestOutputKind
+from paged_attention.engine.sample.sampling import RequestOutputKind
 
 # Prompts that repeat themselves (what n-gram drafts live on) and one that does not.
 PROMPTS = [
@@ -102,7 +102,7 @@ def test_known_drafts_verify_and_roll_back_exactly(monkeypatch, wrong_every: int
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     want, _ = run(params, block_size=4, **cache)
     known = {tuple(p): w[0] for p, w in zip(PROMPTS, want, strict=True)}
-    monkeypatch.setattr("paged_attention.engine.speculation.propose", oracle(known, wrong_every))
+    monkeypatch.setattr("paged_attention.engine.spec_decode.speculation.propose", oracle(known, wrong_every))
     got, llm = run(params, block_size=4, speculative_config=ngram(7), **cache)
     assert got == want
     stats = llm.llm_engine.speculator.stats
@@ -185,7 +185,8 @@ def test_sampled_output_is_distributed_as_without_drafts(monkeypatch, settings: 
         model, tokenizer = tiny()
         if extra:
             monkeypatch.setattr(
-                "paged_attention.engine.speculation.propose", oracle({tuple(prompt): greedy[0][0]}, 10**9)
+                "paged_attention.engine.spec_decode.speculation.propose",
+                oracle({tuple(prompt): greedy[0][0]}, 10**9),
             )
         llm = LLM(model, tokenizer=tokenizer, num_kv_blocks=512, **extra)
         outputs = llm.generate([prompt] * len(params), params, use_tqdm=False)
@@ -282,7 +283,7 @@ def test_a_stop_inside_an_accepted_run_ends_it_there(monkeypatch) -> None:
     plain = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     want, _ = run(plain)
     known = {tuple(p): w[0] for p, w in zip(PROMPTS, want, strict=True)}
-    monkeypatch.setattr("paged_attention.engine.speculation.propose", oracle(known, 10**9))
+    monkeypatch.setattr("paged_attention.engine.spec_decode.speculation.propose", oracle(known, 10**9))
     stop = want[2][0][9]  # a token in the middle of request 2's output
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop_token_ids=[stop])
     expected, _ = run(params)
@@ -302,7 +303,7 @@ def test_seeded_samples_are_the_same_with_drafts(monkeypatch, settings: dict) ->
     known = {tuple(p): w[0] for p, w in zip(PROMPTS, want_greedy, strict=True)}
     params = SamplingParams(max_tokens=24, seed=3, ignore_eos=True, **settings)
     want, _ = run(params)
-    monkeypatch.setattr("paged_attention.engine.speculation.propose", oracle(known, 10**9))
+    monkeypatch.setattr("paged_attention.engine.spec_decode.speculation.propose", oracle(known, 10**9))
     got, llm = run(params, speculative_config=ngram(4))
     assert got == want
     assert llm.llm_engine.speculator.stats.num_draft_tokens > 0

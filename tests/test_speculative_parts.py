@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged_attention.engine.ngram import propose
-from paged_attention.engine.rejection import verify_greedy, verify_sampled
-from paged_attention.engine.speculative import SpeculativeConfig
+from paged_attention.engine.sample.rejection import verify_greedy, verify_sampled
+from paged_attention.engine.spec_decode.ngram import propose
+from paged_attention.engine.spec_decode.speculative import SpeculativeConfig
 
 # -- speculative_config ----------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from paged_attention.engine.detokenizer import Detokenizer
 from paged_attention.engine.llm import LLM
 from paged_attention.engine.llm_engine import LLMEngine
-from paged_attention.engine.sampling import BeamSearchParams, RequestOutputKind, SamplingParams
+from paged_attention.engine.sample.sampling import BeamSearchParams, RequestOutputKind, SamplingParams
 from paged_attention.engine.sequence import Sequence
 from paged_attention.models import load_model
 

@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paged_attention import LLM, BeamSearchParams, SamplingParams
-from paged_attention.engine import model_runner
 from paged_attention.engine.llm_engine import LLMEngine
 from paged_attention.engine.parallel_sampling import SamplingRequest
-from paged_attention.engine.sampling import RequestOutputKind, Sampler
+from paged_attention.engine.sample.sampling import RequestOutputKind, Sampler
+from paged_attention.engine.worker import model_runner
 from paged_attention.memory.paged_manager import PagedKVCacheManager
 
 SITES = ("forward", "forward_after", "store", "sampler", "allocate", "copy", "swap", "fork", "detokenize",

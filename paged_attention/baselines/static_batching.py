@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..engine.scheduler import SchedulingPolicy
+from ..engine.core.scheduler import SchedulingPolicy
 from ..engine.sequence import Sequence
 
 

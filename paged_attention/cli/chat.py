@@ -34,7 +34,7 @@ from typing import Any, TextIO
 
 from ..engine.chat import PLAIN_TEMPLATE, render_chat
 from ..engine.llm_engine import LLMEngine
-from ..engine.sampling import RequestOutputKind, SamplingParams
+from ..engine.sample.sampling import RequestOutputKind, SamplingParams
 from ._threads import set_threads
 
 Message = dict[str, str]

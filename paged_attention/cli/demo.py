@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from ..baselines.engines import baseline_engine
 from ..engine.chat import render_chat
-from ..engine.sampling import RequestOutputKind, SamplingParams
+from ..engine.sample.sampling import RequestOutputKind, SamplingParams
 from ..experiments.prompts import QUESTIONS
 from ..experiments.provenance import provenance
 from ..models import explain_dtype, load_model

@@ -13,7 +13,7 @@ import random
 import time
 
 from ..engine.llm_engine import LLMEngine
-from ..engine.sampling import RequestOutputKind, SamplingParams
+from ..engine.sample.sampling import RequestOutputKind, SamplingParams
 from ..models import DEFAULT_MODEL_NAME
 
 SENTENCE = (

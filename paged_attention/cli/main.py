@@ -44,7 +44,7 @@ def _generate(opts: argparse.Namespace) -> None:
     """Stream one completion through the engine's public API: ``step()`` returns the request's
     output after every step that adds text (``DELTA``: only the new part), the last one finished."""
     from ..engine.llm_engine import LLMEngine
-    from ..engine.sampling import RequestOutputKind, SamplingParams
+    from ..engine.sample.sampling import RequestOutputKind, SamplingParams
     from ..models import explain_dtype
     from ._threads import set_threads
 

@@ -4,13 +4,20 @@ The engine is built as the experiments build theirs
 (:func:`~paged_attention.baselines.engines.baseline_engine`), so ``--kv-manager max|pow2|oracle``
 serves the contiguous baselines through the very same scheduler and server, in the same KV bytes
 as the paged cache.
+
+The engine core runs in a process of its own (vLLM v1's default: the front tokenizes, speaks HTTP and
+streams on one CPU core while the model computes on the other); it takes one torch thread less than
+the machine's cores (at least 1), unless ``--threads`` says otherwise. ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
+(vLLM's switch) keeps it on a thread of the server's process instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
+import os
 
 from ..baselines.engines import KV_MANAGERS, baseline_engine
 from ..engine.chat import PLAIN_TEMPLATE
@@ -94,29 +101,46 @@ def build_engine(opts: argparse.Namespace) -> LLMEngine:
     )
 
 
+def build_core(opts: argparse.Namespace, threads: int) -> LLMEngine:
+    """The engine, built in the engine-core process (picklable with ``functools.partial``)."""
+    logging.basicConfig(level=opts.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    set_threads(threads)
+    return build_engine(opts)
+
+
+def in_process() -> bool:
+    """vLLM's switch: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps the engine core in this process."""
+    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip() in ("0", "false", "False")
+
+
 def main(args: list[str] | None = None) -> None:
     opts = parser().parse_args(args)
     logging.basicConfig(level=opts.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    threads = set_threads(opts.threads)
-    engine = build_engine(opts)
+    if in_process():
+        threads = set_threads(opts.threads)
+        llm = AsyncLLM(build_engine(opts), opts.max_waiting)
+        where = "on a thread of this process"
+    else:  # one core for the front, the rest for the model (vLLM binds its worker the same way)
+        threads = opts.threads or max(1, min(2, os.cpu_count() or 1) - 1)
+        llm = AsyncLLM.from_builder(functools.partial(build_core, opts, threads), opts.max_waiting)
+        where = f"in its own process (pid {llm.client.info['pid']})"
     template = None
     if opts.chat_template:
         with open(opts.chat_template) as f:
             template = f.read()
-    elif not getattr(engine.tokenizer, "chat_template", None):
+    elif not getattr(llm.tokenizer, "chat_template", None):
         template = PLAIN_TEMPLATE
         print("this model has no chat template: chats use a plain 'role: content' one (--chat-template FILE)")
     name = opts.served_model_name or opts.model
-    manager = engine.cache_manager
+    info = llm.client.info
     print(
         f"serving {name} on http://{opts.host}:{opts.port} ({opts.kv_manager} KV cache: "
-        f"{manager.num_blocks} blocks of {manager.block_size} tokens, max_model_len {engine.max_model_len}, "
-        f"max_num_seqs {opts.max_num_seqs}, {str(engine.spec.dtype).removeprefix('torch.')}, "
-        f"torch threads {threads})",
+        f"{info['num_blocks']} blocks of {info['block_size']} tokens, max_model_len {info['max_model_len']}, "
+        f"max_num_seqs {opts.max_num_seqs}, {info['dtype']}, engine core {where}, torch threads {threads})",
         flush=True,
     )
     keys = api_keys(opts.api_key)
     if keys:
         print(f"the /v1 routes ask for one of {len(keys)} API key(s)", flush=True)
-    app = build_app(AsyncLLM(engine, opts.max_waiting), name, template, keys)
+    app = build_app(llm, name, template, keys)
     run(app, opts.host, opts.port, opts.log_level)

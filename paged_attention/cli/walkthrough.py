@@ -4,15 +4,15 @@ Three requests share a small KV cache of 16 blocks x 4 slots. We prefill their p
 few tokens, fork one request into two samples (parallel sampling), let the fork write so that
 copy-on-write splits the shared last block, finish a request and watch its blocks return. After
 each step the memory map (see :mod:`paged_attention.viz.memory_map`) shows every slot. Every token's key
-is really written into a :class:`~paged_attention.engine.kv_cache.KVCache` and read back through the page
-tables at the end, so the picture is checked, not just drawn.
+is really written into a :class:`~paged_attention.engine.worker.kv_cache.KVCache` and read back
+through the page tables at the end, so the picture is checked, not just drawn.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..engine.kv_cache import KVCache, KVCacheSpec
+from ..engine.worker.kv_cache import KVCache, KVCacheSpec
 from ..experiments.traces import uniform_trace
 from ..memory.accounting import paged_memory_report
 from ..memory.allocator import BlockAllocator

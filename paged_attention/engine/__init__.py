@@ -1,26 +1,33 @@
 """The serving engine: requests in, tokens out, one step at a time over the KV-cache manager.
 
-The path of a request, module by module::
+The rooms follow vLLM v1's tree (``vllm/v1/...``), so each of our files has its counterpart by folder::
 
-    inputs             prompt -> token ids, and the checks a request must pass
-    intake             add_request's checks, then the request and its sequences
+    core/         who runs this step        scheduler, policy, step (its records), capacity,
+                  (v1/core/sched/)          transaction (a step is a transaction: every part owns its undo)
+    worker/       what runs the model       model_runner (packs a step, our attention in transformers),
+                  (v1/worker/)              kv_cache (KVCacheSpec: bytes per token; the KV tensors)
+    sample/       logits to tokens          sampling (the batched sampler), logits (penalties, bias,
+                  (v1/sample/)              bad words), logprobs, gumbel, rejection (verifying drafts)
+    spec_decode/  speculative decoding      speculative (its config), ngram (drafts), speculation
+                  (v1/spec_decode/)
+
+The request and what it asks for (v1/request.py, sampling_params.py, outputs.py)::
+
+    params             SamplingParams, BeamSearchParams: what a request asks for, checked at the door
     sequence           one prompt + its output so far, and where it is in its life
     request            a request's sequences, and the interface the step drives them through
     parallel_sampling  n samples forked from one prompt          beam_search  beams forked and freed
-    scheduler          who runs this step, with how many tokens (continuous batching, preemption),
-                       and update_from_output, the one owner of the end of a step
-    policy             who may join and who steps back (continuous batching's two choices)
-    step               the records a step passes along (SchedulerOutput, StepUpdate)
-    kv_cache           the KV tensors (KVCacheSpec: bytes per token)    capacity  how many blocks
-    model_runner       packs the step, runs the transformers model with our attention function
-    params             SamplingParams, BeamSearchParams: what a request asks for, checked at the door
-    logits             penalties, bias, allowed tokens, bad words: the logits before the draw
-    sampling           the batched sampler        logprobs  vLLM's Logprob entries, raw or processed
     stop_rules         when a sequence ends (they decide; the scheduler finishes it)
     detokenizer        text a few tokens at a time (prefix and read offsets)
-    transaction        a step is a transaction: every part owns its undo
     outputs            RequestOutput / CompletionOutput (vLLM's) and step counters
-    llm_engine         LLMEngine: add_request / step / abort_request
+
+The engine and its fronts (v1/engine/, entrypoints/)::
+
+    inputs, intake     prompt -> token ids; add_request's checks, then the request and its sequences
+    llm_engine         LLMEngine: add_request / step / abort_request (the engine core, in-process)
+    engine_core        EngineCoreProc: the engine in its own process, a busy loop over ZeroMQ
+    core_client        how a front reaches the core: on a thread (ThreadClient) or a process (MPClient)
+    async_llm          AsyncLLM: concurrent requests streamed over a core client (the server's front)
     llm                LLM: vLLM's offline front (generate, chat, beam_search, metrics, profiling)
     engine_args        EngineArgs: every setting, from keywords or a command line; vLLM's ignored/refused
     generation_config  default sampling parameters from the model's generation_config.json

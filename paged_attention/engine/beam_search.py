@@ -42,11 +42,11 @@ import torch
 
 from .._checks import cdiv
 from ..memory.manager import KVCacheManager
+from .core.scheduler import StepUpdate
 from .detokenizer import Detokenizer
 from .outputs import CompletionOutput, RequestOutput
 from .request import Request, SequencePool
-from .sampling import BeamSearchParams
-from .scheduler import StepUpdate
+from .sample.sampling import BeamSearchParams
 from .sequence import Sequence, SequenceStatus
 
 

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 from .beam_search import BeamSearchRequest, check_beams_fit
 from .inputs import Prompt, check_arrival_time, check_logprobs, check_prompt, tokenize
-from .logits import bad_words_token_ids
 from .parallel_sampling import SamplingRequest
 from .params import BeamSearchParams, SamplingParams
 from .request import Request
+from .sample.logits import bad_words_token_ids
 from .sequence import Sequence
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from .inputs import Prompt, as_prompt_list
 from .llm_engine import LLMEngine
 from .metrics import Metric
 from .outputs import RequestOutput
-from .sampling import BeamSearchParams, RequestOutputKind, SamplingParams
+from .sample.sampling import BeamSearchParams, RequestOutputKind, SamplingParams
 
 
 def check_profiler_config(config: object) -> dict | None:

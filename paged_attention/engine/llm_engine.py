@@ -35,25 +35,25 @@ from .._checks import check_int, check_positive_int
 from ..memory.manager import KVCacheManager
 from ..models import eos_token_ids, resolve_model, serving_length
 from ..models.compilation import CompilationConfig
-from .capacity import fit_max_model_len, manager_builder, size_kv_cache
+from .core.capacity import fit_max_model_len, manager_builder, size_kv_cache
+from .core.scheduler import Scheduler, SchedulerOutput, SchedulingPolicy, StepUpdate
+from .core.transaction import StepTransaction
 from .detokenizer import Detokenizer
 from .engine_args import EngineArgs
 from .generation_config import check_generation_config, sampling_defaults
 from .inputs import Prompt
 from .intake import build_request
-from .kv_cache import KVCache, KVCacheSpec
-from .logprobs import prompt_entries
 from .metrics import EngineMetrics, Metric
-from .model_runner import ModelRunner
 from .outputs import RequestOutput, StepStats
 from .request import Request, SequencePool
-from .sampling import BeamSearchParams, Sampler, SamplingParams, seed_everything
-from .scheduler import Scheduler, SchedulerOutput, SchedulingPolicy, StepUpdate
+from .sample.logprobs import prompt_entries
+from .sample.sampling import BeamSearchParams, Sampler, SamplingParams, seed_everything
 from .sequence import Sequence
-from .speculation import Speculator
-from .speculative import SpeculativeConfig
+from .spec_decode.speculation import Speculator
+from .spec_decode.speculative import SpeculativeConfig
 from .stop_rules import StopRules
-from .transaction import StepTransaction
+from .worker.kv_cache import KVCache, KVCacheSpec
+from .worker.model_runner import ModelRunner
 
 #: Builds the cache manager from ``(num_blocks, block_size, max_model_len)``, the budget the engine
 #: sized; the KV tensors take the manager's own geometry. The paged manager's settings (``watermark``,

@@ -30,9 +30,9 @@ from .outputs import RequestOutput
 
 if TYPE_CHECKING:
     from ..memory.manager import KVCacheManager
-    from .scheduler import Scheduler
-    from .speculation import SpecDecodingStats
-    from .step import SchedulerOutput, StepUpdate
+    from .core.scheduler import Scheduler
+    from .core.step import SchedulerOutput, StepUpdate
+    from .spec_decode.speculation import SpecDecodingStats
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .logprobs import PromptLogprobs, SampleLogprobs
+from .sample.logprobs import PromptLogprobs, SampleLogprobs
 
 
 @dataclass

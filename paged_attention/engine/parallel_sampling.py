@@ -24,12 +24,12 @@ import time
 
 import torch
 
+from .core.scheduler import StepUpdate
 from .detokenizer import Detokenizer
-from .logprobs import PromptLogprobs
 from .outputs import CompletionOutput, RequestOutput
 from .request import Request, SequencePool
-from .sampling import RequestOutputKind, SamplingParams
-from .scheduler import StepUpdate
+from .sample.logprobs import PromptLogprobs
+from .sample.sampling import RequestOutputKind, SamplingParams
 from .sequence import Sequence
 
 DELTA = RequestOutputKind.DELTA

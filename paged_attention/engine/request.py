@@ -22,10 +22,10 @@ import copy
 
 import torch
 
+from .core.scheduler import Scheduler, StepUpdate
 from .detokenizer import Detokenizer
 from .outputs import RequestMetrics, RequestOutput
-from .sampling import SamplingParams, sample_generator
-from .scheduler import Scheduler, StepUpdate
+from .sample.sampling import SamplingParams, sample_generator
 from .sequence import FinishReason, Sequence
 
 

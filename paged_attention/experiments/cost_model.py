@@ -58,7 +58,7 @@ from typing import Any
 import torch
 
 from .._checks import check_int, check_positive_int
-from ..engine.kv_cache import KVCacheSpec
+from ..engine.worker.kv_cache import KVCacheSpec
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Several families of prompt, short and long, as completions and as chats; greedy decoding (token ids
 must be identical), log-probabilities of outputs and prompts, seeded sampling with every filter and
-penalty (identical too: :mod:`..engine.gumbel`), stops and the other request fields, the prefix
+penalty (identical too: :mod:`..engine.sample.gumbel`), stops and the other request fields, the prefix
 cache, and ``SamplingParams``' defaults and ``repr``. Everything runs in float32, the dtype in which
 two engines' kernels round alike enough for argmaxes to agree.
 """

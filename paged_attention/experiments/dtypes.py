@@ -26,7 +26,7 @@ import torch
 
 from ..engine.chat import render_chat
 from ..engine.llm_engine import LLMEngine
-from ..engine.sampling import RequestOutputKind, SamplingParams
+from ..engine.sample.sampling import RequestOutputKind, SamplingParams
 from ..models import explain_dtype, load_model
 from .prompts import QUESTIONS
 

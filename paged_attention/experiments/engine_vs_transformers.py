@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.llm_engine import LLMEngine
-from ..engine.sampling import RequestOutputKind, SamplingParams
+from ..engine.sample.sampling import RequestOutputKind, SamplingParams
 from ..models import load_model
 from ..models.pretrained import find_pretrained
 

@@ -114,7 +114,7 @@ def _gumbel(llm: Any, case: dict[str, Any]) -> list[int]:
         import vllm._C  # noqa: F401  registers torch.ops._C (the engine core loads it in its own process)
 
         return torch.ops._C.fused_gumbel_argmax(logits, seeds).tolist()
-    from paged_attention.engine.gumbel import gumbel_argmax
+    from paged_attention.engine.sample.gumbel import gumbel_argmax
 
     return gumbel_argmax(logits, seeds).tolist()
 

@@ -2,9 +2,9 @@
 
 Memory experiments do not need a model's numbers, only its *lengths*: each request of a trace says
 how many tokens it will generate. The executor runs the very same
-:class:`~paged_attention.engine.scheduler.Scheduler` and cache manager as the engine, step by step, and
+:class:`~paged_attention.engine.core.scheduler.Scheduler` and cache manager as the engine, step by step, and
 instead of a forward pass it hands the scheduler's own end of a step
-(:meth:`~paged_attention.engine.scheduler.Scheduler.update_from_output`) a dummy token for every
+(:meth:`~paged_attention.engine.core.scheduler.Scheduler.update_from_output`) a dummy token for every
 sequence that samples; the stop rules finish it when its scripted output length is reached.
 An hour of traffic takes seconds, and every step's state is recorded for pictures.
 
@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._checks import cdiv
-from ..engine.sampling import SamplingParams
-from ..engine.scheduler import Scheduler, SchedulerOutput, SchedulingPolicy, StepUpdate
+from ..engine.core.scheduler import Scheduler, SchedulerOutput, SchedulingPolicy, StepUpdate
+from ..engine.sample.sampling import SamplingParams
 from ..engine.sequence import Sequence
 from ..memory.accounting import MemoryReport
 from ..memory.manager import KVCacheManager

@@ -37,7 +37,7 @@ import torch
 
 from .._checks import cdiv
 from ..engine.llm_engine import LLMEngine
-from ..engine.sampling import BeamSearchParams, RequestOutputKind, SamplingParams
+from ..engine.sample.sampling import BeamSearchParams, RequestOutputKind, SamplingParams
 from ..models import load_model
 from . import paper
 from .progress import progress as bar

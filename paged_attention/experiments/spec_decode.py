@@ -28,7 +28,7 @@ PASSAGE = (
 
 def grounded_prompts() -> list[str]:
     """Requests whose answers copy from the prompt: code to repeat or edit, a passage to quote."""
-    source = (Path(__file__).resolve().parents[1] / "engine" / "ngram.py").read_text()
+    source = (Path(__file__).resolve().parents[1] / "engine" / "spec_decode" / "ngram.py").read_text()
     code = source[source.index("def propose") :]
     return [
         f"Repeat this Python function exactly, with no comment before or after it:\n\n{code}",

@@ -35,7 +35,7 @@ import time
 import torch
 
 from ..baselines.engines import baseline_engine
-from ..engine.sampling import RequestOutputKind, SamplingParams
+from ..engine.sample.sampling import RequestOutputKind, SamplingParams
 from ..models import load_model
 from . import paper
 from .progress import progress as bar

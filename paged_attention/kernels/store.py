@@ -47,7 +47,7 @@ def store_kv(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Triton twin of :func:`paged_attention.engine.kv_cache.store_kv` (same checks, same result)."""
+    """Triton twin of :func:`paged_attention.engine.worker.kv_cache.store_kv` (same checks, same result)."""
     check_store_args(key, value, key_cache, value_cache, slot_mapping)
     slot_mapping = slot_mapping.contiguous()
     if not (key_cache.is_contiguous() and value_cache.is_contiguous()):

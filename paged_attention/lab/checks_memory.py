@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..engine.kv_cache import KVCacheSpec
+from ..engine.worker.kv_cache import KVCacheSpec
 from ..memory.allocator import BlockAllocator, FreeBlockQueue, KVCacheBlock
 from ..memory.page_table import PageTable
 from ..memory.prefix_cache import extend_block_hashes

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..baselines.placement import FirstFitAllocator
+from ..engine.core.scheduler import SchedulingPolicy
 from ..engine.params import SamplingParams
-from ..engine.scheduler import SchedulingPolicy
 from ..engine.sequence import Sequence
 from ..experiments.replay import run_trace
 from ..experiments.traces import TraceRequest

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from ..engine.ngram import propose
-from ..engine.rejection import verify_greedy
+from ..engine.sample.rejection import verify_greedy
+from ..engine.spec_decode.ngram import propose
 from .checking import CheckFailed, expect
 from .student import Student, driver
 
@@ -66,9 +66,10 @@ NAMED = [
 
 
 def ngram(student: Student, seed: int = 0, thorough: bool = False) -> int:
-    """``propose_drafts(token_ids, min_n, max_n, k)`` vs :func:`paged_attention.engine.ngram.propose`:
-    the longest suffix between ``min_n`` and ``max_n`` tokens that occurred earlier, its first
-    occurrence, and up to ``k`` tokens that followed it."""
+    """``propose_drafts(token_ids, min_n, max_n, k)`` vs
+    :func:`paged_attention.engine.spec_decode.ngram.propose`: the longest suffix between
+    ``min_n`` and ``max_n`` tokens that occurred earlier, its first occurrence, and up to ``k``
+    tokens that followed it."""
     rng = random.Random(seed)
     cases = [(name, tokens, low, high, k) for name, tokens, low, high, k in NAMED]
     for _ in range(60 if not thorough else 300):

@@ -88,8 +88,8 @@ PACKAGE_NAMES = {
     "paged_attention.memory.paged_manager": {"PagedKVCacheManager"},
     "paged_attention.memory.prefix_cache": {"hash_block_tokens"},
     "paged_attention.engine.sequence": {"Sequence", "SequenceStatus"},
-    "paged_attention.engine.scheduler": {"SchedulingPolicy"},
-    "paged_attention.engine.policy": {"SchedulingPolicy"},
+    "paged_attention.engine.core.scheduler": {"SchedulingPolicy"},
+    "paged_attention.engine.core.policy": {"SchedulingPolicy"},
 }
 OFF_LIMITS_NAMES = frozenset(
     {

@@ -116,7 +116,7 @@ _ALL = (
         "admit only what fits above the watermark; preempt the latest arrival",
         ("Policy",),
         "checks_serving:scheduling_policy",
-        "from paged_attention.engine.scheduler import SchedulingPolicy\n",
+        "from paged_attention.engine.core.scheduler import SchedulingPolicy\n",
         points=2,
         minutes=25,
         references=("can_admit", "_blocks_to_start"),

@@ -1,5 +1,5 @@
 """KV memory's bookkeeping: who owns which block. No tensors here (not even torch): the K/V
-themselves live in :mod:`paged_attention.engine.kv_cache`, and the tensors the kernels read are
+themselves live in :mod:`paged_attention.engine.worker.kv_cache`, and the tensors the kernels read are
 built in :mod:`paged_attention.kernels.layout`.
 
     allocator      the O(1) free queue of blocks, with reference counts and an undo log

@@ -15,7 +15,7 @@ Forking (parallel sampling, beam search) copies the *table*, not the memory: the
 the parent's blocks and each block's reference count goes up. The one block that may still be
 written, a partly filled last block, must be copied before either owner writes into it
 (*copy-on-write*): :meth:`PageTable.append_tokens` does so and returns the copy that the KV cache
-must perform (:meth:`paged_attention.engine.kv_cache.KVCache.copy_blocks`).
+must perform (:meth:`paged_attention.engine.worker.kv_cache.KVCache.copy_blocks`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every layer of a transformer keeps, for every token it has seen, one key and one value vector per
 KV head, so one token costs ``2 x num_layers x num_kv_heads x head_dim x bytes per element``.
-:class:`~paged_attention.engine.kv_cache.KVCacheSpec` reads those numbers off a model's config and
+:class:`~paged_attention.engine.worker.kv_cache.KVCacheSpec` reads those numbers off a model's config and
 the element size off its dtype; the bookkeeping below needs only the integers.
 """
 

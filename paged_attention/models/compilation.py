@@ -20,8 +20,8 @@ What the compiled model is (:func:`compile_model`):
 * dynamo traces the base model once, whole (``fullgraph``), with the token dimension unbacked (no
   second graph for a one-token step);
 * the attention function becomes one opaque call, ``torch.ops.paged_attention.attend``
-  (registered in :mod:`..engine.model_runner`), which reads the step's forward context as the eager call
-  does: the paged kernels are the same ones;
+  (registered in :mod:`..engine.worker.model_runner`), which reads the step's forward context as
+  the eager call does: the paged kernels are the same ones;
 * inductor with ``freezing``: the weights are constants of the graph, so inductor packs every
   linear layer for oneDNN itself and concatenates the products that share an input (Q/K/V,
   gate/up: ``cpp.enable_concat_linear``), and fuses the small operations into C++ loops;

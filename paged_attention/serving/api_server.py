@@ -7,7 +7,7 @@ events when ``"stream": true``, ending with ``data: [DONE]``), ``GET /v1/models`
 
 The path of one request: the body is checked (:mod:`.protocol`); a chat is rendered by the chat
 template with the front's own tokenizer (vLLM's front process has its own too); each prompt is
-added to the engine through :class:`~.async_llm.AsyncLLM` (one engine request per prompt, ``n``
+added to the engine through :class:`~..engine.async_llm.AsyncLLM` (one engine request per prompt, ``n``
 samples each); the engine's deltas become OpenAI chunks (:mod:`.responses`). A client that goes
 away mid-request (streaming or not) has its requests aborted before the next step. Every refusal
 is OpenAI's error body (:mod:`.errors`): 400 for a bad field (named in ``param``), 404 for an
@@ -30,9 +30,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from .. import __version__
+from ..engine.async_llm import AsyncLLM, EngineOverloaded, RequestStream
+from ..engine.core_client import EngineDeadError
 from ..engine.outputs import RequestOutput
 from ..engine.params import SamplingParams
-from .async_llm import AsyncLLM, EngineDead, EngineOverloaded, RequestStream
 from .authentication import AuthenticationMiddleware
 from .errors import APIError, engine_error, error_body
 from .metrics import CONTENT_TYPE, prometheus_text
@@ -49,10 +50,9 @@ def build_app(
     """The server's app over ``llm`` (started and stopped with the app's lifespan), answering to
     ``model_name``; ``chat_template`` replaces the tokenizer's own (needed by models without one);
     with ``api_keys``, the ``/v1`` routes ask for one of them (:mod:`.authentication`)."""
-    engine = llm.engine
-    tokenizer = copy.deepcopy(engine.tokenizer)  # the front's own: the engine loop uses its copy
-    defaults = dict(engine.sampling_defaults)
-    max_model_len = engine.max_model_len
+    tokenizer = copy.deepcopy(llm.tokenizer)  # the front's own (a core on a thread uses its copy)
+    defaults = dict(llm.sampling_defaults)
+    max_model_len = llm.max_model_len
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -142,7 +142,7 @@ def build_app(
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        records = await llm.call(lambda e: e.get_metrics())
+        records = await llm.call_utility("get_metrics")
         return Response(prometheus_text(records, model_name), media_type=CONTENT_TYPE)
 
     app.include_router(tokenizer_routes(tokenizer, chat_template, max_model_len, check_model))
@@ -235,7 +235,7 @@ async def _add_all(
                 if len(prompts) > 1:
                     error.message = f"prompt {i}: {error.message}"
                 raise error from err
-    except (EngineOverloaded, EngineDead) as err:  # come back later
+    except (EngineOverloaded, EngineDeadError) as err:  # come back later
         raise APIError(str(err), 503) from err
     except BaseException:
         for stream in streams:

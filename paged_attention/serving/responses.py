@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.logprobs import Logprob
 from ..engine.outputs import CompletionOutput, RequestOutput
+from ..engine.sample.logprobs import Logprob
 
 #: JSON has no -inf: a token the filters removed gets this log-probability (vLLM's value).
 MIN_LOGPROB = -9999.0

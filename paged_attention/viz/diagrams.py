@@ -128,7 +128,7 @@ def copy_on_write(
     return fig
 
 
-# The scheduler's moves (engine/scheduler.py): from, to, where the arrow starts and ends (offsets
+# The scheduler's moves (engine/core/scheduler.py): from, to, where the arrow starts and ends (offsets
 # from the two boxes' centres), its bend, its label and where the label sits.
 TRANSITIONS = (
     (

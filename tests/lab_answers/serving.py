@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from paged_attention.engine.scheduler import SchedulingPolicy
+from paged_attention.engine.core.scheduler import SchedulingPolicy
 
 
 class PolicyRight(SchedulingPolicy):

@@ -22,12 +22,12 @@ from collections.abc import Callable
 
 import torch
 
-from .._checks import check_int, check_positive_int
-from ..memory.manager import KVCacheManager
-from ..memory.paged_manager import PagedKVCacheManager
-from .kv_cache import KVCacheSpec, check_kv_fits, default_kv_cache_memory
-from .params import SamplingParams
-from .sequence import Sequence
+from ..._checks import check_int, check_positive_int
+from ...memory.manager import KVCacheManager
+from ...memory.paged_manager import PagedKVCacheManager
+from ..params import SamplingParams
+from ..sequence import Sequence
+from ..worker.kv_cache import KVCacheSpec, check_kv_fits, default_kv_cache_memory
 
 
 def longest_request(length: int) -> Sequence:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..memory.page_table import BlockCopy
-from .logprobs import Logprob
-from .sequence import Sequence
+from ...memory.page_table import BlockCopy
+from ..sample.logprobs import Logprob
+from ..sequence import Sequence
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from ..memory.manager import KVCacheManager
-from .kv_cache import KVCache
+from ...memory.manager import KVCacheManager
+from ..worker.kv_cache import KVCache
 
 
 class Transactional(Protocol):

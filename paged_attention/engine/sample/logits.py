@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .params import SamplingParams
+from ..params import SamplingParams
 
 
 @dataclass(frozen=True)

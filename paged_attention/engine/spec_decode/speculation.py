@@ -38,17 +38,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..core.step import DrawnLogprob, ScheduledSequence, StepUpdate
+from ..outputs import RequestMetrics
+from ..parallel_sampling import SamplingRequest
+from ..params import SamplingParams
+from ..request import Request
+from ..sample.rejection import verify_greedy
+from ..sample.sampling import Sampler
+from ..sequence import Sequence
+from ..stop_rules import StopRules
 from .ngram import propose
-from .outputs import RequestMetrics
-from .parallel_sampling import SamplingRequest
-from .params import SamplingParams
-from .rejection import verify_greedy
-from .request import Request
-from .sampling import Sampler
-from .sequence import Sequence
 from .speculative import SpeculativeConfig
-from .step import DrawnLogprob, ScheduledSequence, StepUpdate
-from .stop_rules import StopRules
 
 
 @dataclass

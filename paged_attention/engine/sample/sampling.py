@@ -35,14 +35,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..kernels.rows import greedy_argmax
+from ...kernels.rows import greedy_argmax
+from ..core.step import DrawnLogprob
+from ..params import SEED_RANGE, BeamSearchParams, RequestOutputKind, SamplingParams
+from ..sequence import Sequence as Seq
 from .gumbel import draw_seed, gumbel_argmax
 from .logits import History, changes, needs_history, process
 from .logprobs import LOGPROBS_MODES
 from .logprobs import entries as logprob_entries
-from .params import SEED_RANGE, BeamSearchParams, RequestOutputKind, SamplingParams
-from .sequence import Sequence as Seq
-from .step import DrawnLogprob
 
 __all__ = ["SEED_RANGE", "BeamSearchParams", "RequestOutputKind", "Sampler", "SamplerOutput",
            "SamplingParams", "sample_generator", "seed_everything"]  # fmt: skip

@@ -58,13 +58,13 @@ from __future__ import annotations
 import bisect
 from collections import deque
 
-from .._checks import cdiv, check_positive_int
-from ..memory.manager import KVCacheManager
-from .detokenizer import Detokenizer
+from ..._checks import cdiv, check_positive_int
+from ...memory.manager import KVCacheManager
+from ..detokenizer import Detokenizer
+from ..sequence import FinishReason, Sequence, SequenceStatus
+from ..stop_rules import StopRules
 from .policy import SchedulingPolicy
-from .sequence import FinishReason, Sequence, SequenceStatus
 from .step import DrawnLogprob, ScheduledSequence, SchedulerOutput, StepUpdate
-from .stop_rules import StopRules
 
 __all__ = ["DrawnLogprob", "ScheduledSequence", "Scheduler", "SchedulerOutput", "SchedulingPolicy",
            "StepUpdate"]  # fmt: skip

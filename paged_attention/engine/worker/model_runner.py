@@ -38,16 +38,16 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .. import kernels
-from ..kernels import reference
-from ..kernels.layout import pad_block_ids
-from ..kernels.rows import linear_rows, replace_norms
-from ..models import invariant
-from ..models.compilation import CompilationConfig, compile_model
-from ..models.merged_projections import merge_projections
-from ..models.packed_linear import pack_linear_layers
+from ... import kernels
+from ...kernels import reference
+from ...kernels.layout import pad_block_ids
+from ...kernels.rows import linear_rows, replace_norms
+from ...models import invariant
+from ...models.compilation import CompilationConfig, compile_model
+from ...models.merged_projections import merge_projections
+from ...models.packed_linear import pack_linear_layers
+from ..core.scheduler import ScheduledSequence
 from .kv_cache import KVCache
-from .scheduler import ScheduledSequence
 
 ATTENTION_NAME = "paged_attention"
 COMPILED_NAME = "paged_attention_compiled"  # a compiled engine's (:func:`compiled_attention_forward`)

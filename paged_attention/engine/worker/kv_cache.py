@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from .. import kernels
-from .._checks import as_dtype, check_positive_int
-from ..memory import sizes
-from ..memory.page_table import BlockCopy
+from ... import kernels
+from ..._checks import as_dtype, check_positive_int
+from ...memory import sizes
+from ...memory.page_table import BlockCopy
 
 
 @dataclass(frozen=True)

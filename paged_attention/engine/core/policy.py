@@ -14,8 +14,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from ..memory.manager import KVCacheManager
-from .sequence import Sequence
+from ...memory.manager import KVCacheManager
+from ..sequence import Sequence
 
 _CONTAINERS = (list, dict, set, deque)
 
