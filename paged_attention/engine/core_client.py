@@ -189,7 +189,9 @@ class MPClient:
         # A fresh interpreter (no forked torch threads; unlike multiprocessing's spawn, it never
         # re-runs the caller's script, so a script or notebook needs no __main__ guard).
         command = [sys.executable, "-m", engine_core.__name__, *self.addresses, str(os.getpid())]
-        self.process = subprocess.Popen(command)
+        # what this process can import, the core can (a builder may live in a script's folder)
+        path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        self.process = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": path})
         atexit.register(self.close)  # a front that ends without shutdown() still stops its core
         self._send(("build", build))  # the core's first message: how to build its engine
         self.error: BaseException | None = None
@@ -224,7 +226,8 @@ class MPClient:
         return self.error is None and not self._closed and self.process.poll() is None
 
     def start(self, sink: Sink) -> None:
-        self._sink, loop = sink, asyncio.get_running_loop()
+        self._sink = sink
+        self.loop = loop = asyncio.get_running_loop()
         self._async_outputs = zmq.asyncio.Socket.from_socket(self._outputs)
         self._reader = loop.create_task(self._read())
         self._pidfd = os.pidfd_open(self.process.pid)  # readable once the process has ended (Linux)

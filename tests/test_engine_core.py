@@ -1,0 +1,249 @@
+"""The engine core in its own process (:mod:`paged_attention.engine.engine_core`,
+:class:`~paged_attention.engine.core_client.MPClient`): the same answers as the engine in-process,
+and every promise kept across the process boundary, with faults injected.
+
+One core process (the embedded tiny model, 32 blocks of 16 tokens) serves the module's server; the
+tests that kill or break a core start their own. Builders are module-level functions: the core
+process imports this module by name to build its engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from paged_attention.engine.async_llm import AsyncLLM
+from paged_attention.engine.chat import PLAIN_TEMPLATE
+from paged_attention.engine.core_client import EngineDeadError, MPClient
+from paged_attention.engine.llm import LLM
+from paged_attention.engine.llm_engine import LLMEngine
+from paged_attention.engine.params import RequestOutputKind, SamplingParams
+from paged_attention.serving import ServerProcess, ServerThread, build_app
+
+NUM_KV_BLOCKS = 32
+PROMPTS = ["The cat sat on", "Once upon a time", "1 2 3 4"]
+
+
+def build_tiny(num_kv_blocks: int = NUM_KV_BLOCKS) -> LLMEngine:
+    """The module's engine (in the core process)."""
+    return LLMEngine(None, num_kv_blocks=num_kv_blocks, max_num_seqs=4)
+
+
+def build_faulty(fail_at: int) -> LLMEngine:
+    """An engine whose ``fail_at``-th model call raises (a bug, out of memory: a step that fails)."""
+    engine = build_tiny()
+    execute, calls = engine.runner.execute, [0]
+
+    def failing(*args: object, **kwargs: object) -> object:
+        calls[0] += 1
+        if calls[0] == fail_at:
+            raise RuntimeError("injected: the model call failed")
+        return execute(*args, **kwargs)
+
+    engine.runner.execute = failing  # type: ignore[method-assign]
+    return engine
+
+
+def build_broken() -> LLMEngine:
+    return LLMEngine("/nonexistent/model/folder")
+
+
+@pytest.fixture(scope="module")
+def offline() -> LLM:
+    return LLM(None, num_kv_blocks=NUM_KV_BLOCKS)
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[AsyncLLM, str]]:
+    llm = AsyncLLM.from_builder(build_tiny)
+    server = ServerThread(build_app(llm, "tiny", PLAIN_TEMPLATE))
+    with server:
+        yield llm, server.url
+    assert not llm.is_running and llm.client.process.poll() is not None, "the core outlived its server"
+
+
+def utility(llm: AsyncLLM, url: str, method: str) -> object:
+    """``llm.call_utility(method)`` from this test thread (the server's loop runs in its thread)."""
+    return _on_loop(llm, llm.call_utility(method))
+
+
+def _on_loop(llm: AsyncLLM, coroutine: object) -> object:
+    loop = llm.client.loop  # the server's event loop
+    return asyncio.run_coroutine_threadsafe(coroutine, loop).result(30)  # type: ignore[arg-type]
+
+
+def wait_idle(llm: AsyncLLM, url: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while utility(llm, url, "has_unfinished_requests") or llm.num_unfinished:
+        assert time.monotonic() < deadline, "the core did not go idle"
+        time.sleep(0.02)
+
+
+def test_the_core_runs_in_another_process_and_answers_as_offline(served, offline: LLM) -> None:
+    llm, url = served
+    assert llm.engine is None and llm.client.info["pid"] not in (None, os.getpid())
+    assert llm.client.info["pid"] == llm.client.process.pid
+    with openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60) as client:
+        answer = client.completions.create(model="tiny", prompt=PROMPTS, max_tokens=12, temperature=0, n=2)
+        streamed = "".join(
+            c.choices[0].text
+            for c in client.completions.create(
+                model="tiny", prompt=PROMPTS[0], max_tokens=12, temperature=0, stream=True
+            )
+        )
+    want = offline.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12, n=2))
+    assert [c.text for c in answer.choices] == [o.text for out in want for o in out.outputs]
+    assert streamed == want[0].outputs[0].text
+    wait_idle(llm, url)
+
+
+def test_the_front_tokenizes_and_the_core_refuses_bad_input(served) -> None:
+    llm, url = served
+    too_long = {"model": "tiny", "prompt": "word " * 2000, "max_tokens": 4}
+    answer = httpx.post(url + "/v1/completions", json=too_long, timeout=30)
+    assert answer.status_code == 400 and "max_model_len" in answer.json()["error"]["message"]
+    bad_ids = {"model": "tiny", "prompt": [10**9], "max_tokens": 4}
+    answer = httpx.post(url + "/v1/completions", json=bad_ids, timeout=30)
+    assert answer.status_code == 400
+    wait_idle(llm, url)
+
+
+def test_a_client_that_hangs_up_is_aborted_in_the_core(served) -> None:
+    llm, url = served
+    body = {"model": "tiny", "prompt": PROMPTS[1], "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as answer:
+        for line in answer.iter_lines():
+            if line.startswith("data: {"):
+                break  # one chunk, then hang up
+    wait_idle(llm, url)  # aborted before a later step: the core holds nothing
+    text = httpx.get(url + "/metrics").text
+    assert re.search(r'vllm:request_success_total\{finished_reason="abort",model_name="tiny"\} [1-9]', text)
+    assert re.search(r'vllm:kv_cache_usage_perc\{model_name="tiny"\} 0\.0', text)
+
+
+def test_offline_asyncllm_over_a_process_streams_deltas(offline: LLM) -> None:
+    """AsyncLLM without a server: deltas arrive in order and add up to the offline answer; an
+    unknown utility is refused by name."""
+
+    async def run() -> tuple[str, list[str]]:
+        llm = AsyncLLM.from_builder(build_tiny)
+        await llm.start()
+        try:
+            params = SamplingParams(temperature=0.0, max_tokens=10, output_kind=RequestOutputKind.DELTA)
+            pieces = [o.outputs[0].text async for o in llm.generate(PROMPTS[2], params)]
+            with pytest.raises(ValueError, match="not a utility"):
+                await llm.call_utility("shutdown_everything")
+            with pytest.raises(TypeError, match="another process"):
+                await llm.call(lambda e: e.request_ids)
+            return "".join(pieces), pieces
+        finally:
+            await llm.shutdown()
+
+    text, pieces = asyncio.run(run())
+    assert (
+        len(pieces) == 10
+        and text
+        == offline.generate(PROMPTS[2], SamplingParams(max_tokens=10, temperature=0))[0].outputs[0].text
+    )
+
+
+def test_a_step_that_fails_in_the_core_fails_its_requests_and_the_core_serves_on() -> None:
+    async def run() -> None:
+        llm = AsyncLLM.from_builder(functools.partial(build_faulty, 3))  # 1, 2: the warm-up's two steps
+        await llm.start()
+        try:
+            params = SamplingParams(temperature=0.0, max_tokens=8)
+            with pytest.raises(RuntimeError, match="injected"):
+                async for _ in llm.generate(PROMPTS[0], params):
+                    pass
+            outputs = [o async for o in llm.generate(PROMPTS[0], params)]  # the core serves on
+            assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 8
+            assert not await llm.call_utility("has_unfinished_requests")
+        finally:
+            await llm.shutdown()
+        assert llm.client.process.returncode == 0
+
+    asyncio.run(run())
+
+
+def test_a_core_that_dies_fails_every_waiting_caller_and_nothing_hangs() -> None:
+    async def run() -> None:
+        llm = AsyncLLM.from_builder(build_tiny)
+        await llm.start()
+        params = SamplingParams(temperature=0.0, max_tokens=500, ignore_eos=True)
+
+        async def consume() -> None:
+            async for _ in llm.generate(PROMPTS[1], params):
+                pass
+
+        readers = [asyncio.ensure_future(consume()) for _ in range(3)]
+        await asyncio.sleep(0.5)
+        os.kill(llm.client.process.pid, signal.SIGKILL)
+        results = await asyncio.wait_for(asyncio.gather(*readers, return_exceptions=True), 10)
+        assert all(isinstance(r, EngineDeadError) for r in results), results
+        assert not llm.is_running and "died" in str(llm.error)
+        with pytest.raises(EngineDeadError):
+            await llm.add_request(PROMPTS[0], params)
+        with pytest.raises(EngineDeadError):
+            await llm.call_utility("get_metrics")
+        await asyncio.wait_for(llm.shutdown(), 10)
+
+    asyncio.run(run())
+
+
+def test_a_core_that_cannot_start_says_why() -> None:
+    started = time.monotonic()
+    with pytest.raises(EngineDeadError, match="building the engine failed"):
+        MPClient(build_broken)
+    assert time.monotonic() - started < 60
+
+
+def core_pid(log: str) -> int:
+    match = re.search(r"engine core in its own process \(pid (\d+)\)", log)
+    assert match, log
+    return int(match.group(1))
+
+
+def gone(pid: int, timeout: float = 20) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        with open(f"/proc/{pid}/stat") as f:  # a zombie (ended, not yet reaped by its parent) is gone
+            if f.read().split()[2] == "Z":
+                return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_serve_leaves_no_process_behind(tmp_path, how: signal.Signals) -> None:
+    """SIGTERM and SIGINT: the server stops its core and exits 0; SIGKILL (no clean-up possible):
+    the core follows its front (Linux's parent-death signal)."""
+    args = ["--model", "tiny", "--num-kv-blocks", "32", "--threads", "1", "--log-level", "warning"]
+    server = ServerProcess(args, log=tmp_path / "serve.log")
+    try:
+        server.start()
+        answer = httpx.post(
+            server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=30
+        )
+        assert answer.status_code == 200
+        core = core_pid((tmp_path / "serve.log").read_text())
+        assert server.process is not None
+        server.process.send_signal(how)
+        status = server.process.wait(timeout=20)
+        assert status == (-signal.SIGKILL if how == signal.SIGKILL else 0)
+        assert gone(core), f"the engine core (pid {core}) outlived its server"
+    finally:
+        server.stop(timeout=5)
