@@ -16,6 +16,7 @@ import re
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -247,3 +248,17 @@ def test_serve_leaves_no_process_behind(tmp_path, how: signal.Signals) -> None:
         assert gone(core), f"the engine core (pid {core}) outlived its server"
     finally:
         server.stop(timeout=5)
+
+
+def test_the_message_kinds_drawn_are_the_ones_the_core_speaks() -> None:
+    """Notebook 09 draws :data:`MESSAGES`; the core's code handles and sends exactly those kinds
+    (and, once at start, takes its ``build`` message and says ``ready`` or ``dead``)."""
+    from paged_attention.engine import engine_core
+
+    source = Path(engine_core.__file__).read_text()
+    handled = set(re.findall(r'kind == "(\w+)"', source))
+    sent = set(re.findall(r'send\(\(\s*"(\w+)"', source)) | set(
+        re.findall(r'pickle\.dumps\(\("(\w+)"', source)
+    )
+    assert handled == set(engine_core.MESSAGES["input"]) | {"build"}
+    assert sent == set(engine_core.MESSAGES["output"]) | {"ready", "dead"}

@@ -24,6 +24,7 @@ MEASURED = [
     ("crosscheck", ("cases", 0, "tokens")),
     ("peer", ("rows", 0, "ratio")),
     ("serve_overhead", ("throughput_ratio",)),
+    ("serve_overhead_tiny", ("thread_throughput_ratio",)),
     ("dtypes", ("rows", -1, "step_s")),
     ("demo", ("runs", "paged", "tokens_per_second")),
     ("allocator", ("results", 0, "pairs_per_second")),
@@ -37,8 +38,8 @@ MEASURED = [
 ]
 #: the measured (not replayed) runs, which must say where and when they ran
 WITH_PROVENANCE = (
-    "crosscheck", "peer", "serve_sweep", "serve_overhead", "spec_decode", "dtypes", "demo", "allocator",
-    "engine", "engine_smollm2", "sharing_memory", "sharing_prefix", "throughput",
+    "crosscheck", "peer", "serve_sweep", "serve_overhead", "serve_overhead_tiny", "spec_decode", "dtypes",
+    "demo", "allocator", "engine", "engine_smollm2", "sharing_memory", "sharing_prefix", "throughput",
 )  # fmt: skip
 
 

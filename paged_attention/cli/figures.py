@@ -43,6 +43,10 @@ MEASURED = {
     "batch_invariant": ["bench", "batch-invariant"],  # the demo's workload with the mode off and on
     "serve_sweep": ["bench", "serve-sweep"],  # Figure 12 through the real server and SmolLM2 (minutes)
     "serve_overhead": ["bench", "serve", "--compare-offline"],  # the server's overhead over the engine
+    "serve_overhead_tiny": [  # the same with the embedded model, whose 2 ms steps make the front show
+        *("bench", "serve", "--compare-offline", "--result-file", "figures/serve_overhead_tiny.json"),
+        *("--launch", "--model tiny --threads 1 --num-kv-blocks 64 --max-model-len 256"),
+    ],
     "spec_decode": ["bench", "spec-decode"],  # with and without n-gram drafts, SmolLM2 (minutes)
 }
 EXPERIMENTS = (*REPLAYED, *MEASURED)

@@ -7,6 +7,8 @@ streaming) works on the other core while the model computes::
 
     front process (core_client.MPClient)               engine-core process (this module)
     ------------------------------------               --------------------------------------
+    ("build", builder) ---------------------input-->   once: build the engine, warm it up
+    <--output-- ("ready", describe(engine))            (or ("dead", why) if building failed)
     ("add", id, prompt, params, arrival) --input-->    every waiting message is handled before
     ("abort", ids)                                     each step: adds, aborts, utility calls
     ("call", n, method, args)                          (an idle core waits for one)
@@ -47,6 +49,8 @@ from .params import SamplingParams
 
 log = logging.getLogger("paged_attention.engine_core")
 
+#: The message kinds each socket carries (the module docstring; notebook 09 draws them).
+MESSAGES = {"input": ("add", "abort", "call", "shutdown"), "output": ("added", "outputs", "failed", "result")}
 #: The methods a front may call on the core between two steps (vLLM's ``call_utility``).
 UTILITIES = frozenset(
     {"get_metrics", "reset_prefix_cache", "has_unfinished_requests", "describe", "sleep_for_test"}

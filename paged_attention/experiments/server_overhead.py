@@ -7,16 +7,21 @@ offline calls, in one run (``bench serve --compare-offline``).
 * **TTFT at low load**: one request at a time; the client's time to first token through the server
   against the offline time from ``add_request`` to the first ``step()`` that returns a token.
 
-The server runs as a child process (1 torch thread by default) while the client runs here; the
-offline engine runs here after the server has stopped, with the same thread count.
+The server runs as a child process while the client runs here, twice: with its engine core in a
+process of its own (the default, vLLM v1's) and on a thread of the server's process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``); the CPU time each process used says how much of the second
+core the split puts to work. The offline engine runs here after the servers have stopped, with the
+same thread count.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -60,6 +65,64 @@ def offline_first_token(engine: LLMEngine, requests: Sequence[LoadRequest]) -> l
     return times
 
 
+#: Where the server's engine core runs: vLLM's switch, ``VLLM_ENABLE_V1_MULTIPROCESSING``.
+PLACEMENTS = {"process": "1", "thread": "0"}
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a Linux process has used so far, its threads included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def engine_core_pid(front: int) -> int | None:
+    """The child process of a server (pid ``front``) that runs its engine core, if it has one."""
+    found = [c for c in children(front) if "engine_core" in Path(f"/proc/{c}/cmdline").read_text()]
+    return found[0] if found else None
+
+
+def serve_once(
+    serve_args: Sequence[str], placement: str, num_requests: int, num_low_load: int, length_scale: float,
+    seed: int, report: Callable[[str], None],
+) -> tuple[dict, list[LoadRequest]]:  # fmt: skip
+    """One server (its engine core in ``placement``): all requests at once, then a few one at a time;
+    with the CPU time its front and its core used during the first."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": PLACEMENTS[placement]}
+    with ServerProcess(serve_args, env=env) as server:
+        assert server.process is not None
+        front = server.process.pid
+        core = engine_core_pid(front)
+        requests, model = asyncio.run(
+            workload_from_server(server.url, "sharegpt", num_requests, length_scale, seed=seed)
+        )
+        before = {pid: cpu_seconds(pid) for pid in (front, core) if pid is not None}
+        results, duration = asyncio.run(run_load(server.url, requests, float("inf"), model=model, seed=seed))
+        used = {pid: (cpu_seconds(pid) - seconds) / duration for pid, seconds in before.items()}
+        saturated = summarize(results, duration)
+        report(
+            f"server (engine core in a {placement}), all {num_requests} at once: "
+            f"{saturated['output_throughput']:.1f} output tokens/s"
+        )
+        low_load, low_duration = asyncio.run(
+            run_load(server.url, requests[:num_low_load], float("inf"), model=model, max_concurrency=1)
+        )
+        low = summarize(low_load, low_duration)
+    return {
+        "output_throughput": saturated["output_throughput"],
+        "completed": saturated["completed"],
+        "low_load_ttft_mean_s": low["ttft_s"]["mean"],
+        "low_load_completed": low["completed"],
+        "front_cpu_cores": used[front],  # CPU seconds per second of the saturated run
+        "core_cpu_cores": used.get(core) if core is not None else None,
+    }, requests
+
+
 def run(
     serve_args: Sequence[str],
     build_engine: Callable[[], LLMEngine],
@@ -67,27 +130,48 @@ def run(
     num_low_load: int = 8,
     length_scale: float = 0.125,
     seed: int = 0,
+    repeats: int = 3,
     report: Callable[[str], None] = print,
 ) -> dict:
-    """Both measurements (see the module docstring); ``build_engine`` builds the offline engine
-    with the server's settings."""
-    with ServerProcess(serve_args) as server:
-        requests, model = asyncio.run(
-            workload_from_server(server.url, "sharegpt", num_requests, length_scale, seed=seed)
+    """Both measurements (see the module docstring) for a server whose engine core runs in its own
+    process (``server``, the default) and on a thread of the server's process (``server_thread``),
+    and offline; ``build_engine`` builds the offline engine with the server's settings. The three
+    alternate ``repeats`` times (this machine's speed drifts by 10% and more between minutes); each
+    number reported is the median over the rounds, each ratio the median of the rounds' ratios."""
+    args = (num_requests, num_low_load, length_scale, seed, report)
+    engine: LLMEngine | None = None
+    rounds = []
+    for _ in range(repeats):
+        server, requests = serve_once(serve_args, "process", *args)
+        thread, _ = serve_once(serve_args, "thread", *args)
+        if engine is None:
+            engine = build_engine()
+            offline_first_token(engine, requests[:1])  # warm up, as the server's first requests warmed it
+        engine.reset_prefix_cache()  # as a fresh server's: nothing cached from the round before
+        seconds, tokens = offline_throughput(engine, requests)
+        report(f"offline, all {num_requests} at once: {tokens / seconds:.1f} output tokens/s")
+        first_token = statistics.fmean(offline_first_token(engine, requests[:num_low_load]))
+        offline = {
+            "output_throughput": tokens / seconds,
+            "output_tokens": tokens,
+            "first_token_mean_s": first_token,
+        }
+        rounds.append({"server": server, "server_thread": thread, "offline": offline})
+
+    def median(part: str, field: str) -> float:
+        return statistics.median(r[part][field] for r in rounds if r[part][field] is not None)
+
+    def ratio(part: str) -> float:
+        return statistics.median(
+            r[part]["output_throughput"] / r["offline"]["output_throughput"] for r in rounds
         )
-        results, duration = asyncio.run(run_load(server.url, requests, float("inf"), model=model, seed=seed))
-        saturated = summarize(results, duration)
-        report(f"server, all {num_requests} at once: {saturated['output_throughput']:.1f} output tokens/s")
-        low_load, low_duration = asyncio.run(
-            run_load(server.url, requests[:num_low_load], float("inf"), model=model, max_concurrency=1)
+
+    def later(part: str) -> float:
+        return statistics.median(
+            r[part]["low_load_ttft_mean_s"] - r["offline"]["first_token_mean_s"] for r in rounds
         )
-        low = summarize(low_load, low_duration)
-    engine = build_engine()
-    offline_first_token(engine, requests[:1])  # warm up, as the server's first requests warmed it
-    seconds, tokens = offline_throughput(engine, requests)
-    report(f"offline, all {num_requests} at once: {tokens / seconds:.1f} output tokens/s")
-    first_token = offline_first_token(engine, requests[:num_low_load])
-    offline_ttft = statistics.fmean(first_token)
+
+    fields = {part: [k for k, v in rounds[0][part].items() if isinstance(v, float)] for part in rounds[0]}
     return {
         **provenance(),
         "setup": {
@@ -96,19 +180,13 @@ def run(
             "num_low_load": num_low_load,
             "length_scale": length_scale,
             "seed": seed,
+            "repeats": repeats,
             "torch_threads_offline": torch.get_num_threads(),
         },
-        "server": {
-            "output_throughput": saturated["output_throughput"],
-            "completed": saturated["completed"],
-            "low_load_ttft_mean_s": low["ttft_s"]["mean"],
-            "low_load_completed": low["completed"],
-        },
-        "offline": {
-            "output_throughput": tokens / seconds,
-            "output_tokens": tokens,
-            "first_token_mean_s": offline_ttft,
-        },
-        "throughput_ratio": saturated["output_throughput"] / (tokens / seconds),
-        "ttft_difference_s": low["ttft_s"]["mean"] - offline_ttft,
+        **{part: {k: median(part, k) for k in keys} for part, keys in fields.items()},
+        "throughput_ratio": ratio("server"),
+        "ttft_difference_s": later("server"),
+        "thread_throughput_ratio": ratio("server_thread"),
+        "thread_ttft_difference_s": later("server_thread"),
+        "rounds": rounds,
     }

@@ -1,6 +1,6 @@
-"""Diagrams of structures and state machines, drawn from the package's own data: the
+"""Diagrams of structures, state machines and processes, drawn from the package's own data: the
 sentinel-linked free queue and fork with copy-on-write (notebook 02), and the life of a request in
-the scheduler (notebook 04).
+the scheduler (notebook 04), and the server's two processes (notebook 09).
 """
 
 from __future__ import annotations
@@ -237,5 +237,45 @@ def request_states() -> Figure:
     ax.set_title(
         "The life of a request in the scheduler (the paper's vLLM, v0; v1 has no swapping)", fontsize=10
     )
+    fig.tight_layout()
+    return fig
+
+
+def processes(inputs: Sequence[str], outputs: Sequence[str]) -> Figure:
+    """The server's two processes and the two sockets between them (notebook 09): ``inputs`` and
+    ``outputs`` are the message kinds each socket carries (:data:`~..engine.engine_core.MESSAGES`)."""
+    fig, ax = plt.subplots(figsize=(9.6, 4.4))
+    front, core = "#2b6cb0", "#2f855a"
+    rooms = (
+        (0.0, front, "front process (python -m paged_attention serve)", (
+            "uvicorn event loop: HTTP, JSON, server-sent events",
+            "AsyncLLM: one RequestStream (queue) per request",
+            "MPClient: tokenizes prompts, pickles messages",
+        ), "vLLM: api_server, AsyncLLM, InputProcessor,\nOutputProcessor (detokenizes), AsyncMPClient"),
+        (5.8, core, "engine-core process (EngineCoreProc)", (
+            "busy loop: messages, then step(), then outputs",
+            "LLMEngine.step: schedule -> execute -> update",
+            "scheduler, KV-cache manager, model runner,\nsampler, detokenizer",
+        ), "vLLM: EngineCoreProc (socket threads),\nScheduler, executor -> model runner"),
+    )  # fmt: skip
+    for x, color, title, parts, theirs in rooms:
+        ax.add_patch(FancyBboxPatch((x, 0), 4.2, 3.6, boxstyle="round,pad=0.05", facecolor="#f7fafc",
+                                    edgecolor=color, linewidth=1.5))  # fmt: skip
+        ax.text(x + 2.1, 3.35, title, ha="center", va="center", fontsize=9, weight="bold", color=color)
+        for i, part in enumerate(parts):
+            _box(ax, x + 2.1, 2.6 - 0.85 * i, part, color, width=3.9, height=0.62)
+        ax.text(x + 2.1, -0.45, theirs, ha="center", va="top", fontsize=7.5, style="italic", color="#4a5568")
+
+    def kinds(names: Sequence[str]) -> str:
+        return ",\n".join(", ".join(names[i : i + 2]) for i in range(0, len(names), 2))
+
+    _arrow(ax, (4.25, 2.6), (5.75, 2.6), "#2d3748")
+    ax.text(5.0, 2.72, "input\n" + kinds(inputs), ha="center", va="bottom", fontsize=7.5)
+    _arrow(ax, (5.75, 0.9), (4.25, 0.9), "#2d3748")
+    ax.text(5.0, 0.78, "output\n" + kinds(outputs), ha="center", va="top", fontsize=7.5)
+    ax.set_xlim(-0.2, 10.2)
+    ax.set_ylim(-1.3, 3.9)
+    ax.axis("off")
+    ax.set_title("One request across two processes: ZeroMQ PUSH/PULL sockets, pickled messages", fontsize=10)
     fig.tight_layout()
     return fig

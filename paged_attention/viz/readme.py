@@ -58,25 +58,45 @@ def serving_block(folder: Path | None = None) -> str:
         if m in FIG12_SHAREGPT
     )
     lines += [f"Rate ratios at that latency: {ratios}.", ""]
-    o = overhead
-    lines.append(
-        f"`python -m paged_attention bench serve --compare-offline` ({o.get('machine', 'this machine')}, "
-        f"{o.get('date', '?')}): {o['setup']['num_requests']} requests at once through the server, "
-        f"{o['server']['output_throughput']:.1f} output tokens/s, against "
-        f"{o['offline']['output_throughput']:.1f} through the engine alone: "
-        f"**{o['throughput_ratio']:.3f}x**. First token at low load (one request at a time): "
-        f"{o['server']['low_load_ttft_mean_s'] * 1000:.1f} ms through HTTP, "
-        f"{o['offline']['first_token_mean_s'] * 1000:.1f} ms offline "
-        f"(**{o['ttft_difference_s'] * 1000:+.1f} ms**)."
-    )
-    if o["throughput_ratio"] > 1 or o["ttft_difference_s"] < 0:
-        lines.append(
-            "A ratio above 1 or a negative difference means the run through the server was the faster: "
-            "the server's engine ran in a process of its own, its client on the other core, and the two "
-            "runs were made one after the other, so a few percent either way is this machine's "
-            "run-to-run noise, not a server faster than its engine."
-        )
+    lines += overhead_lines([overhead, load("serve_overhead_tiny", folder)])
     return "\n".join(lines) + "\n"
+
+
+def overhead_lines(runs: list[dict]) -> list[str]:
+    """The server against the engine alone (``bench serve --compare-offline``), one row per model
+    and place of the engine core."""
+    o = runs[0]
+    lines = [
+        f"`python -m paged_attention bench serve --compare-offline` ({o.get('machine', 'this machine')}, "
+        f"{o.get('date', '?')}; medians of {o['setup'].get('repeats', 1)} alternating rounds): "
+        f"{o['setup']['num_requests']} requests at once through the server, against the same requests "
+        "through the engine alone in one process; then the first token at low load (one request at a "
+        "time). The engine core runs in a process of its own (the default, vLLM v1's) or on a thread of "
+        "the server's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`); CPU cores used: CPU seconds per "
+        "second of the saturated run, by the server's front process and by its core.",
+        "",
+        "| model | engine core | server tokens/s | offline tokens/s | server / offline | first token, "
+        "extra through HTTP | CPU cores used: front, core |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        model = run["setup"]["serve_args"][run["setup"]["serve_args"].index("--model") + 1]
+        for key, place in (("", "own process"), ("thread_", "thread of the server")):
+            s = run["server_thread" if key else "server"]
+            used = f"{s['front_cpu_cores']:.2f}"
+            if "core_cpu_cores" in s:
+                used += f", {s['core_cpu_cores']:.2f}"
+            ratio, later = run[key + "throughput_ratio"], run[key + "ttft_difference_s"] * 1000
+            lines.append(
+                f"| {model} | {place} | {s['output_throughput']:.1f} | "
+                f"{run['offline']['output_throughput']:.1f} | **{ratio:.3f}x** | {later:+.1f} ms | {used} |"
+            )
+    lines += [
+        "",
+        "A ratio near 1 means the server costs its engine nothing; this machine's speed drifts by 5-10% "
+        "between runs, so a ratio a few percent above 1 is noise, not a server faster than its engine.",
+    ]
+    return lines
 
 
 def speculative_block(folder: Path | None = None) -> str:

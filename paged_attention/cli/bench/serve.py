@@ -117,6 +117,7 @@ def main(args: list[str] | None = None) -> None:
         default=None,
         help="write the summary as JSON here (--compare-offline: figures/serve_overhead.json by default)",
     )
+    p.add_argument("--repeats", type=int, default=3, help="--compare-offline: alternating rounds (default 3)")
     p.add_argument(
         "--compare-offline",
         action="store_true",
@@ -134,16 +135,19 @@ def main(args: list[str] | None = None) -> None:
             opts.num_prompts,
             length_scale=opts.length_scale,
             seed=opts.seed,
+            repeats=opts.repeats,
         )
-        print(
-            f"output tokens/s: server {result['server']['output_throughput']:.1f}, offline "
-            f"{result['offline']['output_throughput']:.1f}: "
-            f"the server gives {result['throughput_ratio']:.3f}x\n"
-            f"first token at low load: server {result['server']['low_load_ttft_mean_s'] * 1000:.1f} ms, "
-            f"offline "
-            f"{result['offline']['first_token_mean_s'] * 1000:.1f} ms: "
-            f"{result['ttft_difference_s'] * 1000:+.1f} ms through HTTP"
-        )
+        offline = result["offline"]
+        print(f"medians of {opts.repeats} rounds; offline: {offline['output_throughput']:.1f} output "
+              f"tokens/s, first token at low load {offline['first_token_mean_s'] * 1000:.1f} ms")  # fmt: skip
+        for key, name in (("", "process"), ("thread_", "thread")):
+            s = result["server_thread" if key else "server"]
+            print(
+                f"engine core in a {name}: the server gives {result[key + 'throughput_ratio']:.3f}x the "
+                f"offline output tokens/s, first token {result[key + 'ttft_difference_s'] * 1000:+.1f} ms "
+                f"through HTTP; CPU cores used: front {s['front_cpu_cores']:.2f}"
+                + (f", core {s['core_cpu_cores']:.2f}" if "core_cpu_cores" in s else "")
+            )
     elif opts.launch is not None:
         with ServerProcess(shlex.split(opts.launch)) as server:
             print(f"launched: serve {opts.launch} at {server.url}")
