@@ -200,6 +200,7 @@ class MPClient:
         self._call_ids = itertools.count()
         self._reader: asyncio.Task | None = None
         self._pidfd: int | None = None
+        self._watcher: asyncio.Task | None = None
         self._closed = self._stopping = False
         try:
             self.info = self._wait_ready(startup_timeout)
@@ -230,8 +231,11 @@ class MPClient:
         self.loop = loop = asyncio.get_running_loop()
         self._async_outputs = zmq.asyncio.Socket.from_socket(self._outputs)
         self._reader = loop.create_task(self._read())
-        self._pidfd = os.pidfd_open(self.process.pid)  # readable once the process has ended (Linux)
-        loop.add_reader(self._pidfd, self._died)
+        if hasattr(os, "pidfd_open"):  # Linux: a descriptor that turns readable when the process ends
+            self._pidfd = os.pidfd_open(self.process.pid)
+            loop.add_reader(self._pidfd, self._died)
+        else:  # elsewhere: look every 0.2 s
+            self._watcher = loop.create_task(self._watch())
 
     # -- the verbs ------------------------------------------------------------------------------------
     async def add(self, request_id: str, prompt: Prompt, params: SamplingParams) -> None:
@@ -340,7 +344,14 @@ class MPClient:
         self._fail_waiting(self.error)
         self._sink.dead(self.error)
 
+    async def _watch(self) -> None:
+        while self.process.poll() is None:
+            await asyncio.sleep(0.2)
+        self._died()
+
     def _unwatch(self) -> None:
+        if self._watcher is not None and self._watcher is not asyncio.current_task():
+            self._watcher.cancel()
         if self._pidfd is not None:
             with contextlib.suppress(ValueError, OSError, RuntimeError):
                 asyncio.get_running_loop().remove_reader(self._pidfd)
