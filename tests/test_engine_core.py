@@ -131,30 +131,36 @@ def test_a_client_that_hangs_up_is_aborted_in_the_core(served) -> None:
     assert re.search(r'vllm:kv_cache_usage_perc\{model_name="tiny"\} 0\.0', text)
 
 
-def test_offline_asyncllm_over_a_process_streams_deltas(offline: LLM) -> None:
-    """AsyncLLM without a server: deltas arrive in order and add up to the offline answer; an
-    unknown utility is refused by name."""
+def test_asyncllm_over_a_process_streams_deltas_and_a_cancelled_reader_aborts(served, offline: LLM) -> None:
+    """AsyncLLM without HTTP: deltas arrive in order and add up to the offline answer; a reader
+    cancelled mid-stream (Ctrl-C at an ``await`` in a notebook) aborts its request in the core, which
+    serves on; an unknown utility is refused by name."""
+    llm, url = served
 
     async def run() -> tuple[str, list[str]]:
-        llm = AsyncLLM.from_builder(build_tiny)
-        await llm.start()
-        try:
-            params = SamplingParams(temperature=0.0, max_tokens=10, output_kind=RequestOutputKind.DELTA)
-            pieces = [o.outputs[0].text async for o in llm.generate(PROMPTS[2], params)]
-            with pytest.raises(ValueError, match="not a utility"):
-                await llm.call_utility("shutdown_everything")
-            with pytest.raises(TypeError, match="another process"):
-                await llm.call(lambda e: e.request_ids)
-            return "".join(pieces), pieces
-        finally:
-            await llm.shutdown()
+        params = SamplingParams(temperature=0.0, max_tokens=10, output_kind=RequestOutputKind.DELTA)
+        pieces = [o.outputs[0].text async for o in llm.generate(PROMPTS[2], params)]
+        long = SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True)
 
-    text, pieces = asyncio.run(run())
-    assert (
-        len(pieces) == 10
-        and text
-        == offline.generate(PROMPTS[2], SamplingParams(max_tokens=10, temperature=0))[0].outputs[0].text
-    )
+        async def read() -> None:
+            async for _ in llm.generate(PROMPTS[0], long):
+                pass
+
+        reader = asyncio.ensure_future(read())
+        await asyncio.sleep(0.2)
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        with pytest.raises(ValueError, match="not a utility"):
+            await llm.call_utility("shutdown_everything")
+        with pytest.raises(TypeError, match="another process"):
+            await llm.call(lambda e: e.request_ids)
+        return "".join(pieces), pieces
+
+    text, pieces = _on_loop(llm, run())  # type: ignore[misc]
+    want = offline.generate(PROMPTS[2], SamplingParams(max_tokens=10, temperature=0.0))[0].outputs[0].text
+    assert len(pieces) == 10 and text == want
+    wait_idle(llm, url)  # the cancelled request was aborted: nothing left in the core
 
 
 def test_a_step_that_fails_in_the_core_fails_its_requests_and_the_core_serves_on() -> None:
@@ -233,10 +239,10 @@ def gone(pid: int, timeout: float = 20) -> bool:
     return False
 
 
-@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
-def test_serve_leaves_no_process_behind(tmp_path, how: signal.Signals) -> None:
-    """SIGTERM and SIGINT: the server stops its core and exits 0; SIGKILL (no clean-up possible):
-    the core follows its front (Linux's parent-death signal)."""
+def test_a_server_killed_takes_its_core_along(tmp_path) -> None:
+    """SIGKILL (no clean-up possible): the core follows its front (Linux's parent-death signal).
+    SIGTERM and SIGINT: tests/test_serving.py (the server stops its core and exits 0)."""
+    how = signal.SIGKILL
     args = ["--model", "tiny", "--num-kv-blocks", "32", "--threads", "1", "--log-level", "warning"]
     server = ServerProcess(args, log=tmp_path / "serve.log")
     try:
@@ -249,7 +255,7 @@ def test_serve_leaves_no_process_behind(tmp_path, how: signal.Signals) -> None:
         assert server.process is not None
         server.process.send_signal(how)
         status = server.process.wait(timeout=20)
-        assert status == (-signal.SIGKILL if how == signal.SIGKILL else 0)
+        assert status == -signal.SIGKILL
         assert gone(core), f"the engine core (pid {core}) outlived its server"
     finally:
         server.stop(timeout=5)

@@ -18,6 +18,8 @@ import contextlib
 import dataclasses
 import json
 import logging
+import pathlib
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -880,7 +882,7 @@ def test_metrics_names_and_exact_counts(served: Served, http: httpx.Client) -> N
 def test_serve_command_stops_on_sigterm_and_sigint(tmp_path) -> None:
     """``python -m paged_attention serve --model tiny``: two servers started side by side (each start
     is mostly imports), one request each, then SIGTERM to one and SIGINT (``stop()``) to the other:
-    both exit 0, promptly."""
+    both exit 0, promptly, and their engine cores (processes of their own) are gone."""
     args = ["--model", "tiny", "--num-kv-blocks", "64", "--threads", "1", "--log-level", "warning"]
     servers = [ServerProcess(args, log=tmp_path / f"serve-{i}.log") for i in range(2)]
     try:
@@ -907,3 +909,7 @@ def test_serve_command_stops_on_sigterm_and_sigint(tmp_path) -> None:
             s.stop(timeout=5)
     log = (tmp_path / "serve-0.log").read_text()
     assert f"serving tiny on http://127.0.0.1:{servers[0].port}" in log
+    for i in range(2):  # each server's engine core (its own process, by default) ended with it
+        pid = re.search(r"in its own process [(]pid (\d+)[)]", (tmp_path / f"serve-{i}.log").read_text())[1]
+        stat = pathlib.Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().split()[2] == "Z", f"core {pid} outlived its server"
