@@ -127,7 +127,7 @@ def run(
     serve_args: Sequence[str],
     build_engine: Callable[[], LLMEngine],
     num_requests: int = 32,
-    num_low_load: int = 8,
+    num_low_load: int = 16,
     length_scale: float = 0.125,
     seed: int = 0,
     repeats: int = 3,

@@ -73,7 +73,8 @@ def overhead_lines(runs: list[dict]) -> list[str]:
         "through the engine alone in one process; then the first token at low load (one request at a "
         "time). The engine core runs in a process of its own (the default, vLLM v1's) or on a thread of "
         "the server's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`); CPU cores used: CPU seconds per "
-        "second of the saturated run, by the server's front process and by its core.",
+        "second of the saturated run, by the server's front process and by its core. Each column is a "
+        "median over the rounds; the ratio is the median of the rounds' own ratios.",
         "",
         "| model | engine core | server tokens/s | offline tokens/s | server / offline | first token, "
         "extra through HTTP | CPU cores used: front, core |",
