@@ -273,3 +273,27 @@ def test_the_message_kinds_drawn_are_the_ones_the_core_speaks() -> None:
     )
     assert handled == set(engine_core.MESSAGES["input"]) | {"build"}
     assert sent == set(engine_core.MESSAGES["output"]) | {"ready", "dead"}
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
+def test_serve_binds_the_core_to_its_cpus_and_the_front_to_the_rest() -> None:
+    import subprocess
+    import sys
+
+    from paged_attention.cli.serve import bind_cores
+
+    mine = os.sched_getaffinity(0)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        said = bind_cores(child.pid, 1)
+        cpus = sorted(mine)
+        if len(cpus) < 2:
+            assert said == "" and os.sched_getaffinity(child.pid) == mine
+        else:
+            assert os.sched_getaffinity(child.pid) == {cpus[-1]} and said == f", bound to CPU {cpus[-1]}"
+            assert os.sched_getaffinity(0) == set(cpus[:-1])
+            assert bind_cores(child.pid, len(cpus)) == ""  # nothing left for the front: no binding
+    finally:
+        os.sched_setaffinity(0, mine)
+        child.kill()
+        child.wait()

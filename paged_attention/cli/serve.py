@@ -7,7 +7,8 @@ as the paged cache.
 
 The engine core runs in a process of its own (vLLM v1's default: the front tokenizes, speaks HTTP and
 streams on one CPU core while the model computes on the other); it takes one torch thread less than
-the machine's cores (at least 1), unless ``--threads`` says otherwise. ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
+the machine's cores (at least 1), unless ``--threads`` says otherwise, and is bound to those CPUs,
+the front to the rest (:func:`bind_cores`). ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
 (vLLM's switch) keeps it on a thread of the server's process instead.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import logging
 import os
@@ -108,6 +110,20 @@ def build_core(opts: argparse.Namespace, threads: int) -> LLMEngine:
     return build_engine(opts)
 
 
+def bind_cores(core_pid: int, threads: int) -> str:
+    """As vLLM's CPU worker is bound to its cores: the engine core's process to the last ``threads``
+    CPUs, this (the front's) to the others, so that neither evicts the other's caches. Linux only;
+    returns what was done, for the banner."""
+    if not hasattr(os, "sched_setaffinity"):
+        return ""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) <= threads:
+        return ""
+    os.sched_setaffinity(core_pid, set(cpus[-threads:]))
+    os.sched_setaffinity(0, set(cpus[:-threads]))
+    return f", bound to CPU {','.join(map(str, cpus[-threads:]))}"
+
+
 def in_process() -> bool:
     """vLLM's switch: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps the engine core in this process."""
     return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip() in ("0", "false", "False")
@@ -124,6 +140,7 @@ def main(args: list[str] | None = None) -> None:
         threads = opts.threads or max(1, min(2, os.cpu_count() or 1) - 1)
         llm = AsyncLLM.from_builder(functools.partial(build_core, opts, threads), opts.max_waiting)
         where = f"in its own process (pid {llm.client.info['pid']})"
+        where += bind_cores(llm.client.info["pid"], threads)
     template = None
     if opts.chat_template:
         with open(opts.chat_template) as f:
@@ -143,4 +160,10 @@ def main(args: list[str] | None = None) -> None:
     if keys:
         print(f"the /v1 routes ask for one of {len(keys)} API key(s)", flush=True)
     app = build_app(llm, name, template, keys)
+    # vLLM's freeze_gc_heap, as its server does at start: what exists now (torch, transformers, the
+    # tokenizer: millions of objects) lives as long as the server, so the collector's oldest-generation
+    # passes stop walking it; each such pass otherwise paused the event loop, and with it the requests
+    # on their way to the engine core. (Here, not in build_app: a test's server thread shares its process.)
+    gc.collect()
+    gc.freeze()
     run(app, opts.host, opts.port, opts.log_level)

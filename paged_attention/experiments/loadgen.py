@@ -175,12 +175,16 @@ async def send(
     model: str,
     temperature: float = 0.0,
     started: float = 0.0,
+    stream: bool = True,
 ) -> RequestResult:
     """Send one request, streaming; time every chunk that has a choice, as ``vllm bench serve`` does,
     its text empty or not (the end-of-sequence token has none; a chat stream's role chunk, which
-    carries no token, is left out). See :mod:`.latency_stats`."""
+    carries no token, is left out). See :mod:`.latency_stats`. ``stream=False`` asks for the whole
+    answer at once (no latencies then, only the tokens)."""
     send_time = time.perf_counter()
     result = RequestResult(ok=False, send_time=send_time - started)
+    if not stream:
+        return await _send_whole(client, request, model, temperature, result)
     chunk_times: list[float] = []
     texts: list[str] = []
     try:
@@ -221,6 +225,29 @@ async def send(
     return result
 
 
+async def _send_whole(
+    client: httpx.AsyncClient, request: LoadRequest, model: str, temperature: float, result: RequestResult
+) -> RequestResult:
+    body = {**_body(request, model, temperature), "stream": False}
+    del body["stream_options"]
+    try:
+        answer = await client.post(request.endpoint, json=body)
+    except httpx.HTTPError as err:
+        result.error = f"{type(err).__name__}: {err}"
+        return result
+    if answer.status_code != 200:
+        result.status, result.error = answer.status_code, _error_message(answer.content)
+        return result
+    data = answer.json()
+    choice = data["choices"][0]
+    result.text = choice["text"] if "text" in choice else choice["message"]["content"] or ""
+    result.finish_reason = choice.get("finish_reason")
+    result.prompt_tokens = data["usage"]["prompt_tokens"]
+    result.output_tokens = data["usage"]["completion_tokens"]
+    result.ok = True
+    return result
+
+
 def _error_message(body: bytes) -> str:
     try:
         return json.loads(body)["error"]["message"]
@@ -238,6 +265,7 @@ async def run_load(
     max_concurrency: int | None = None,
     temperature: float = 0.0,
     timeout: float = 600.0,
+    stream: bool = True,
 ) -> tuple[list[RequestResult], float]:
     """Send ``requests`` at ``rate`` (see :func:`arrival_times`); returns what each client saw, in
     the order of ``requests``, and the run's duration (first send to last answer, seconds)."""
@@ -252,9 +280,9 @@ async def run_load(
         async def one(request: LoadRequest, at: float) -> RequestResult:
             await asyncio.sleep(max(0.0, at - (time.perf_counter() - started)))
             if gate is None:
-                return await send(client, request, model, temperature, started)
+                return await send(client, request, model, temperature, started, stream)
             async with gate:
-                return await send(client, request, model, temperature, started)
+                return await send(client, request, model, temperature, started, stream)
 
         results = await asyncio.gather(*(one(r, t) for r, t in zip(requests, times, strict=True)))
         duration = time.perf_counter() - started

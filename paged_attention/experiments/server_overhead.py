@@ -2,7 +2,8 @@
 offline calls, in one run (``bench serve --compare-offline``).
 
 * **Throughput at saturation**: every request sent at once (rate ``inf``) to the server, against the
-  same requests added to an engine built with the same settings and stepped to the end in-process.
+  same requests added to an engine built with the same settings and stepped to the end in-process;
+  both warm (each after one unmeasured pass of other requests of the same shape).
   Output tokens per second, and their ratio (1.0 would mean the server adds nothing).
 * **TTFT at low load**: one request at a time; the client's time to first token through the server
   against the offline time from ``add_request`` to the first ``step()`` that returns a token.
@@ -90,9 +91,10 @@ def engine_core_pid(front: int) -> int | None:
 def serve_once(
     serve_args: Sequence[str], placement: str, num_requests: int, num_low_load: int, length_scale: float,
     seed: int, report: Callable[[str], None],
-) -> tuple[dict, list[LoadRequest]]:  # fmt: skip
-    """One server (its engine core in ``placement``): all requests at once, then a few one at a time;
-    with the CPU time its front and its core used during the first."""
+) -> tuple[dict, list[LoadRequest], list[LoadRequest]]:  # fmt: skip
+    """One server (its engine core in ``placement``): all requests at once (with the CPU time its
+    front and its core used meanwhile), then a few one at a time; returns the measurements, the
+    requests, and those of the unmeasured first pass."""
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": PLACEMENTS[placement]}
     with ServerProcess(serve_args, env=env) as server:
         assert server.process is not None
@@ -101,6 +103,13 @@ def serve_once(
         requests, model = asyncio.run(
             workload_from_server(server.url, "sharegpt", num_requests, length_scale, seed=seed)
         )
+        # one unmeasured pass first, of other prompts (nothing for the prefix cache): a fresh process
+        # meets each batch shape once (oneDNN's primitives, the kernels' first calls), as the
+        # offline engine has before it is measured
+        warm, _ = asyncio.run(
+            workload_from_server(server.url, "sharegpt", num_requests, length_scale, seed=seed + 1)
+        )
+        asyncio.run(run_load(server.url, warm, float("inf"), model=model, seed=seed))
         before = {pid: cpu_seconds(pid) for pid in (front, core) if pid is not None}
         results, duration = asyncio.run(run_load(server.url, requests, float("inf"), model=model, seed=seed))
         used = {pid: (cpu_seconds(pid) - seconds) / duration for pid, seconds in before.items()}
@@ -113,14 +122,18 @@ def serve_once(
             run_load(server.url, requests[:num_low_load], float("inf"), model=model, max_concurrency=1)
         )
         low = summarize(low_load, low_duration)
-    return {
-        "output_throughput": saturated["output_throughput"],
-        "completed": saturated["completed"],
-        "low_load_ttft_mean_s": low["ttft_s"]["mean"],
-        "low_load_completed": low["completed"],
-        "front_cpu_cores": used[front],  # CPU seconds per second of the saturated run
-        "core_cpu_cores": used.get(core) if core is not None else None,
-    }, requests
+    return (
+        {
+            "output_throughput": saturated["output_throughput"],
+            "completed": saturated["completed"],
+            "low_load_ttft_mean_s": low["ttft_s"]["mean"],
+            "low_load_completed": low["completed"],
+            "front_cpu_cores": used[front],  # CPU seconds per second of the saturated run
+            "core_cpu_cores": used.get(core) if core is not None else None,
+        },
+        requests,
+        warm,
+    )
 
 
 def run(
@@ -142,11 +155,11 @@ def run(
     engine: LLMEngine | None = None
     rounds = []
     for _ in range(repeats):
-        server, requests = serve_once(serve_args, "process", *args)
-        thread, _ = serve_once(serve_args, "thread", *args)
+        server, requests, warm = serve_once(serve_args, "process", *args)
+        thread, _, _ = serve_once(serve_args, "thread", *args)
         if engine is None:
             engine = build_engine()
-            offline_first_token(engine, requests[:1])  # warm up, as the server's first requests warmed it
+            offline_throughput(engine, warm)  # the same unmeasured first pass as each server's
         engine.reset_prefix_cache()  # as a fresh server's: nothing cached from the round before
         seconds, tokens = offline_throughput(engine, requests)
         report(f"offline, all {num_requests} at once: {tokens / seconds:.1f} output tokens/s")
