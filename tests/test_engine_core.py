@@ -297,3 +297,21 @@ def test_serve_binds_the_core_to_its_cpus_and_the_front_to_the_rest() -> None:
         os.sched_setaffinity(0, mine)
         child.kill()
         child.wait()
+
+
+def test_the_load_generator_reads_streams_and_whole_answers_alike(served) -> None:
+    """``loadgen.run_load`` through the core process: streamed and whole answers (``stream=False``)
+    carry the same greedy text and token counts; only the streamed ones have latencies."""
+    from paged_attention.experiments.loadgen import LoadRequest, run_load
+
+    llm, url = served
+    requests = [LoadRequest(max_tokens=8, prompt=p, ignore_eos=True) for p in PROMPTS]
+    streamed, _ = asyncio.run(run_load(url, requests, float("inf"), model="tiny"))
+    whole, _ = asyncio.run(run_load(url, requests, float("inf"), model="tiny", stream=False))
+    assert all(r.ok for r in streamed + whole)
+    assert [(r.text, r.output_tokens, r.prompt_tokens) for r in whole] == [
+        (r.text, r.output_tokens, r.prompt_tokens) for r in streamed
+    ]
+    assert all(r.output_tokens == 8 and r.finish_reason == "length" for r in whole)
+    assert all(r.metrics is not None for r in streamed) and all(r.metrics is None for r in whole)
+    wait_idle(llm, url)
