@@ -27,6 +27,7 @@ import os
 import pickle
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -339,8 +340,12 @@ class MPClient:
         if self._closed or self._stopping:
             return
         self.process.wait(1)
-        self.error = EngineDeadError(f"the engine core process died (exit status {self.process.returncode})")
-        log.error("%s", self.error)
+        status = self.process.returncode
+        self.error = EngineDeadError(f"the engine core process died (exit status {status})")
+        # stopped on purpose (SIGTERM to the whole process group, as `timeout` or a service manager
+        # sends it, reaches the core first) is not a crash
+        stopped = status is not None and -status in (signal.SIGTERM, signal.SIGINT)
+        (log.warning if stopped else log.error)("%s", self.error)
         self._fail_waiting(self.error)
         self._sink.dead(self.error)
 
