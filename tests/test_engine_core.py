@@ -212,6 +212,18 @@ def test_a_core_that_dies_fails_every_waiting_caller_and_nothing_hangs(monkeypat
     asyncio.run(run())
 
 
+def test_a_core_that_dies_before_anyone_listens_is_reported_with_its_status() -> None:
+    """Not started (no event loop watches it): the next call finds the process gone and says how."""
+    client = MPClient(build_tiny)
+    try:
+        os.kill(client.process.pid, signal.SIGKILL)
+        client.process.wait(10)
+        with pytest.raises(EngineDeadError, match="exit status -9"):
+            asyncio.run(client.call_utility("get_metrics"))
+    finally:
+        client.close()
+
+
 def test_a_core_that_cannot_start_says_why() -> None:
     started = time.monotonic()
     with pytest.raises(EngineDeadError, match="building the engine failed"):

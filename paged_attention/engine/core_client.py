@@ -40,7 +40,7 @@ import zmq
 import zmq.asyncio
 
 from . import engine_core
-from .engine_core import UTILITIES, describe
+from .engine_core import UTILITIES, abort_live, describe, step_once
 from .inputs import Prompt, tokenize
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
@@ -71,7 +71,6 @@ class ThreadClient:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self.error: BaseException | None = None
-        self.num_steps = 0
 
     def start(self, sink: Sink) -> None:
         self.loop, self._sink = asyncio.get_running_loop(), sink
@@ -86,18 +85,11 @@ class ThreadClient:
         await self.run(lambda: self.engine.add_request(request_id, prompt, params))
 
     def abort(self, request_ids: list[str]) -> None:
-        def abort() -> None:
-            live = set(self.engine.request_ids)
-            if gone := [i for i in request_ids if i in live]:
-                self.engine.abort_request(gone)
-
-        self._commands.put(abort)
+        self._commands.put(lambda: abort_live(self.engine, request_ids))
 
     async def call_utility(self, method: str, *args: Any) -> Any:
-        if method not in UTILITIES - {"sleep_for_test"}:
+        if method not in UTILITIES:
             raise ValueError(f"{method!r} is not a utility of the engine core: {sorted(UTILITIES)}")
-        if method == "describe":
-            return await self.run(lambda: describe(self.engine))
         return await self.run(lambda: getattr(self.engine, method)(*args))
 
     async def run(self, fn: Callable[[], Any]) -> Any:
@@ -133,16 +125,9 @@ class ThreadClient:
                 self._run_commands(block=not engine.has_unfinished_requests())
                 if self._stopping.is_set() or not engine.has_unfinished_requests():
                     continue
-                try:
-                    outputs = engine.step()
-                except Exception as err:  # rolled back by the engine: fail what it holds, go on
-                    log.exception("step failed; failing the %d requests it held", len(engine.request_ids))
-                    ids = engine.request_ids
-                    engine.abort_request(ids)
-                    error = RuntimeError(f"the engine step failed: {err!r}")
-                    loop.call_soon_threadsafe(sink.failed, ids, error)
-                    continue
-                self.num_steps += 1
+                outputs, failed, why = step_once(engine)
+                if failed:
+                    loop.call_soon_threadsafe(sink.failed, failed, RuntimeError(why))
                 if outputs:
                     loop.call_soon_threadsafe(sink.outputs, outputs)
         except BaseException as err:  # pragma: no cover - a bug in the loop itself
@@ -312,7 +297,7 @@ class MPClient:
 
     def _check_running(self) -> None:
         if not self.is_running:
-            why = self.error or f"exit status {self.process.exitcode}" if not self._closed else "shut down"
+            why = "shut down" if self._closed else self.error or f"exit status {self.process.returncode}"
             raise EngineDeadError(f"the engine core is not running ({why})")
 
     async def _read(self) -> None:

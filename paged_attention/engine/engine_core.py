@@ -45,6 +45,7 @@ from typing import Any
 import zmq
 
 from .llm_engine import LLMEngine
+from .outputs import RequestOutput
 from .params import SamplingParams
 
 log = logging.getLogger("paged_attention.engine_core")
@@ -52,9 +53,7 @@ log = logging.getLogger("paged_attention.engine_core")
 #: The message kinds each socket carries (the module docstring; notebook 09 draws them).
 MESSAGES = {"input": ("add", "abort", "call", "shutdown"), "output": ("added", "outputs", "failed", "result")}
 #: The methods a front may call on the core between two steps (vLLM's ``call_utility``).
-UTILITIES = frozenset(
-    {"get_metrics", "reset_prefix_cache", "has_unfinished_requests", "describe", "sleep_for_test"}
-)
+UTILITIES = frozenset({"get_metrics", "reset_prefix_cache", "has_unfinished_requests"})
 IDLE_POLL_MS = 500  # an idle core wakes this often to check that its front is still there
 
 
@@ -66,7 +65,6 @@ def describe(engine: LLMEngine) -> dict[str, Any]:
         "tokenizer": engine.tokenizer,
         "sampling_defaults": dict(engine.sampling_defaults),
         "max_model_len": engine.max_model_len,
-        "vocab_size": engine.model.config.vocab_size,
         "num_blocks": manager.num_blocks,
         "block_size": manager.block_size,
         "dtype": str(engine.spec.dtype).removeprefix("torch."),
@@ -88,13 +86,31 @@ def warm_up(engine: LLMEngine) -> None:
     engine.metrics = metrics
 
 
+def step_once(engine: LLMEngine) -> tuple[list[RequestOutput], list[str], str | None]:
+    """One step of the busy loop, wherever it runs: its outputs, or, if the step raised (the engine
+    rolled it back), every request it held aborted and returned with why (the core serves on)."""
+    try:
+        return engine.step(), [], None
+    except Exception as err:
+        log.exception("step failed; failing the %d requests it held", len(engine.request_ids))
+        ids = engine.request_ids
+        engine.abort_request(ids)
+        return [], ids, f"the engine step failed: {err!r}"
+
+
+def abort_live(engine: LLMEngine, request_ids: list[str]) -> None:
+    """Abort those of ``request_ids`` still unfinished (one that just finished needs nothing)."""
+    live = set(engine.request_ids)
+    if ids := [i for i in request_ids if i in live]:
+        engine.abort_request(ids)
+
+
 class EngineCoreProc:
     """An engine and the two sockets to its front; :meth:`run_busy_loop` serves until told to stop."""
 
     def __init__(self, engine: LLMEngine, inputs: zmq.Socket, outputs: zmq.Socket, parent_pid: int) -> None:
         self.engine, self.inputs, self.outputs, self.parent_pid = engine, inputs, outputs, parent_pid
         self.stopping = False
-        self.num_steps = 0
 
     def send(self, message: tuple) -> None:
         self.outputs.send(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
@@ -106,15 +122,9 @@ class EngineCoreProc:
             self.process_inputs(block=not engine.has_unfinished_requests())
             if self.stopping or not engine.has_unfinished_requests():
                 continue
-            try:
-                outputs = engine.step()
-            except Exception as err:  # rolled back by the engine: fail what it held, go on serving
-                log.exception("step failed; failing the %d requests it held", len(engine.request_ids))
-                ids = engine.request_ids
-                engine.abort_request(ids)
-                self.send(("failed", ids, f"the engine step failed: {err!r}"))
-                continue
-            self.num_steps += 1
+            outputs, failed, why = step_once(engine)
+            if failed:
+                self.send(("failed", failed, why))
             if outputs:
                 self.send(("outputs", outputs))
 
@@ -147,16 +157,13 @@ class EngineCoreProc:
             else:
                 added.append((request_id, None))
         elif kind == "abort":
-            live = set(self.engine.request_ids)
-            ids = [i for i in message[1] if i in live]  # one that just finished needs nothing
-            if ids:
-                self.engine.abort_request(ids)
+            abort_live(self.engine, message[1])
         elif kind == "call":
             _, call_id, method, args = message
             try:
                 if method not in UTILITIES:
                     raise ValueError(f"{method!r} is not a utility of the engine core: {sorted(UTILITIES)}")
-                value = describe(self.engine) if method == "describe" else getattr(self, method)(*args)
+                value = getattr(self.engine, method)(*args)
             except Exception as err:
                 self.send(("result", call_id, False, err))
             else:
@@ -166,29 +173,13 @@ class EngineCoreProc:
         else:  # pragma: no cover - a bug in the front
             raise ValueError(f"unknown message {kind!r}")
 
-    # -- utilities (UTILITIES): what a front may ask between two steps ----------------------------
-    def get_metrics(self) -> list:
-        return self.engine.get_metrics()
-
-    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        return self.engine.reset_prefix_cache(reset_running_requests)
-
-    def has_unfinished_requests(self) -> bool:
-        return self.engine.has_unfinished_requests()
-
-    def sleep_for_test(self, seconds: float) -> None:
-        """Hold the core for ``seconds`` (tests: a slow step, seen from the front)."""
-        import time
-
-        time.sleep(seconds)
-
 
 def run_engine_core(input_address: str, output_address: str, parent_pid: int) -> None:
     """The engine-core process's entry point: receive the builder (the first message, a picklable
     callable), build the engine, say ``ready`` (with :func:`describe`), run the busy loop, then
     close the sockets."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front decides (see the module docstring)
-    _die_with_parent()
+    die_with_parent()
     context = zmq.Context()
     inputs, outputs = context.socket(zmq.PULL), context.socket(zmq.PUSH)
     inputs.connect(input_address)
@@ -211,9 +202,10 @@ def run_engine_core(input_address: str, output_address: str, parent_pid: int) ->
         context.term()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """On Linux, ask the kernel to send SIGTERM to this process when its parent dies (a front
-    killed with SIGKILL cannot stop its core any other way)."""
+    killed with SIGKILL cannot stop its core any other way; ``serve`` as a child process is asked
+    the same, before it runs). The signal follows the thread that started the process."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

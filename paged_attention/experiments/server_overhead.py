@@ -129,7 +129,7 @@ def serve_once(
             "low_load_ttft_mean_s": low["ttft_s"]["mean"],
             "low_load_completed": low["completed"],
             "front_cpu_cores": used[front],  # CPU seconds per second of the saturated run
-            "core_cpu_cores": used.get(core) if core is not None else None,
+            "core_cpu_cores": used.get(core),  # (None: the core is a thread of the front)
         },
         requests,
         warm,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
+
+from ..engine.engine_core import die_with_parent
 
 LOCALHOST = "127.0.0.1"
 
@@ -139,7 +140,7 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             env={**os.environ, **(self.env or {})},
             # the kernel sends it when the *thread* that started the child ends: only the main thread
-            preexec_fn=_die_with_parent if sys.platform == "linux" and _in_main_thread() else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" and _in_main_thread() else None,
         )
         try:
             wait_healthy(self.url, self.startup_timeout, self.process)
@@ -170,9 +171,3 @@ class ServerProcess:
 
 def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child, before exec
-    """Linux: the child gets SIGTERM when its parent dies, so no server outlives its notebook."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
