@@ -15,6 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paged_attention.engine.core.scheduler import SchedulingPolicy
+from paged_attention.engine.params import SamplingParams
+from paged_attention.engine.sequence import Sequence
 from paged_attention.experiments.replay import run_trace
 from paged_attention.experiments.traces import TraceRequest
 from paged_attention.memory.paged_manager import PagedKVCacheManager
@@ -92,8 +94,16 @@ def test_the_shrunken_notebook_04_trace_does_not_thrash() -> None:
 def test_no_sequence_preempts_itself_twice_without_progress(
     seed, num_blocks, block_size, watermark, mode, max_num_seqs, budget
 ) -> None:
-    """Random tight traces: a sequence never steps back twice with no new token in between; with
-    recompute, no sequence is preempted twice without progress at all."""
+    """Random tight traces: a sequence never steps back twice with no new token in between (its
+    prefill's blocks are reserved at admission, so it samples before it asks for a block again).
+    Being preempted twice by *older* sequences, which grow while it recomputes, stays possible, as
+    in vLLM: the oldest must always make progress (see the pinned case below)."""
+    trace = tight_trace(seed, num_blocks, block_size, watermark)
+    _, log = replay(trace, num_blocks, block_size, watermark, mode, max_num_seqs, budget)
+    assert preempted_twice_without_progress(log, self_only=True) == []
+
+
+def tight_trace(seed: int, num_blocks: int, block_size: int, watermark: float) -> list[TraceRequest]:
     rng = random.Random(seed)
     capacity = (num_blocks - int(watermark * num_blocks)) * block_size
     trace = []
@@ -102,10 +112,50 @@ def test_no_sequence_preempts_itself_twice_without_progress(
         trace.append(
             TraceRequest(prompt, rng.randint(1, max(1, min(40, capacity - prompt))), rng.randint(0, 20))
         )
-    _, log = replay(trace, num_blocks, block_size, watermark, mode, max_num_seqs, budget)
+    return trace
+
+
+def test_a_recompute_keeps_its_blocks_while_older_sequences_decode_beside_it() -> None:
+    """The case hypothesis found (seed 800, 23 blocks of 2, a 4-token budget, 3 seats). Sequence 3,
+    preempted at 5 outputs, is readmitted to recompute 19 tokens in chunks of 2-4 beside two older
+    sequences that decode. When admission only *checked* for its blocks, the decoders took them
+    while its chunks ran, and at its last chunk it was short of a block and, the latest arrival,
+    preempted itself again with no new token. Its blocks are now reserved at admission: it is
+    preempted only when an older sequence needs a block (allowed: the oldest must progress)."""
+    trace = tight_trace(800, 23, 2, 0.1)
+    _, log = replay(trace, 23, 2, 0.1, "recompute", 3, 4)
     assert preempted_twice_without_progress(log, self_only=True) == []
-    if mode == "recompute":
-        assert preempted_twice_without_progress(log, self_only=False) == []
+    assert [(seq, outputs) for seq, outputs, _ in log if seq == 3] == [(3, 5), (3, 5)]
+    assert [by_itself for seq, _, by_itself in log if seq == 3] == [True, False]
+
+
+def test_reserved_blocks_fill_first_and_never_leave_with_a_swap() -> None:
+    """A 40-token prompt under a 16-token budget holds its 10 blocks of 4 from its first step (6 of
+    them reserved), takes no new block for its later chunks, and a swap copies only written blocks."""
+    cache = PagedKVCacheManager(16, 4, watermark=0.0, num_cpu_blocks=16)
+    seen = []
+
+    class Watching(SchedulingPolicy):
+        def admission_ended(self, stopped_by_budget):
+            table = cache.page_tables.get(0)
+            if table is not None:
+                reserved = cache.memory_report().reserved_slots
+                seen.append((table.num_blocks, table.num_reserved_blocks, reserved))
+
+    run_trace([TraceRequest(40, 2)], cache, max_num_batched_tokens=16, scheduling_policy=Watching())
+    assert seen[:3] == [(10, 6, 24), (10, 2, 8), (10, 0, 0)]
+
+    seq = Sequence(7, "7", list(range(40)), SamplingParams(max_tokens=2), 0.0)
+    assert cache.allocate_slots(seq, 16) is not None and cache.reserve(seq, 24)
+    assert cache.page_tables[7].num_blocks == 10 and cache.num_free_blocks == 6
+    assert not cache.reserve(seq, 64)  # all or nothing: 80 tokens need 20 blocks; it holds 10, 6 are free
+    assert cache.page_tables[7].num_blocks == 10
+    seq.num_computed_tokens = 16
+    assert len(cache.swap_out(7)) == 4  # the 4 written blocks; the 6 reserved ones go back free
+    assert cache.num_free_blocks == 16 and cache.can_swap_in(7, 24)
+    assert len(cache.swap_in(7)) == 4 and cache.reserve(seq, 24) and cache.num_free_blocks == 6
+    cache.free(7)
+    assert cache.num_free_blocks == 16
 
 
 def test_admission_asks_for_the_whole_prompt_not_its_first_chunk() -> None:

@@ -28,7 +28,8 @@ def test_serve_orders_the_managers_as_the_paper_does(backlog_runs):
         assert sum(run.memory.values()) == pytest.approx(1.0)
         assert sum(figure2_stack(run.memory)) == pytest.approx(100.0)
         assert run.normalized_latency > 0 and run.duration > 0
-    assert backlog_runs["paged"].memory["reserved"] == 0  # paging never reserves ahead
+    # paging reserves ahead only the blocks of a prompt's later chunks, from its admission to its last chunk
+    assert 0 <= backlog_runs["paged"].memory["reserved"] < 0.01
     assert backlog_runs["oracle"].memory["internal_fragmentation"] == 0  # the oracle never over-reserves
     assert backlog_runs["max"].preemptions == 0 and backlog_runs["paged"].preemptions > 0
 

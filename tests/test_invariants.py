@@ -1,4 +1,4 @@
-"""Property-based tests: random allocate / append / fork / copy-on-write / free programs.
+"""Property-based tests: random allocate / append / reserve / fork / copy-on-write / free programs.
 
 A hypothesis state machine drives many page tables over one small allocator and a real (tiny)
 KV cache. Every token written gets a unique value; after every step each sequence must read back
@@ -64,6 +64,27 @@ class PagedMemoryMachine(RuleBasedStateMachine):
         if id(table) in self.live:
             self._append(table, self.live[id(table)][1], n)
 
+    @rule(table=tables, n=st.integers(0, 7))
+    def reserve(self, table, n):
+        """Blocks for a prompt's later chunks, taken now (vLLM v0's whole-prompt allocation)."""
+        if id(table) not in self.live:
+            return
+        free_before, blocks_before = self.allocator.num_free_blocks, list(table.block_ids)
+        tokens = table.num_tokens
+        try:
+            taken = table.reserve(n)
+        except NoFreeBlocksError:
+            event("reserve refused: out of blocks")
+            assert table.block_ids == blocks_before and self.allocator.num_free_blocks == free_before
+            return
+        event("reserved blocks" if taken else "reserve: room already held")
+        assert table.num_tokens == tokens and table.block_ids[: len(blocks_before)] == blocks_before
+        assert table.capacity >= tokens + n and self.allocator.num_free_blocks == free_before - taken
+        for block_id in table.block_ids[len(blocks_before) :]:
+            assert self.allocator.ref_count(block_id) == 1
+        # its appends take no new block (but a copy, if its last written block is shared)
+        assert not n or table.blocks_needed(n) == int(table.needs_copy_on_write())
+
     @rule(target=tables, table=tables)
     def fork(self, table):
         if id(table) not in self.live:
@@ -111,14 +132,15 @@ class PagedMemoryMachine(RuleBasedStateMachine):
     @invariant()
     def no_two_sequences_own_the_same_writable_slot(self):
         writable = []
+        bs = self.block_size
         for table, _ in self.live.values():
-            if table.num_unfilled_slots and not table.needs_copy_on_write():
-                last = table.block_ids[-1]
-                assert self.allocator.ref_count(last) == 1
-                writable += [
-                    last * self.block_size + o
-                    for o in range(table.num_tokens % self.block_size, self.block_size)
-                ]
+            # the unwritten slots of its blocks: the last written block's tail (unless it is shared and
+            # must be copied first) and every reserved block, all of them this table's alone
+            start = table.num_tokens if not table.needs_copy_on_write() else -(-table.num_tokens // bs) * bs
+            for position in range(start, table.capacity):
+                block = table.block_ids[position // bs]
+                assert self.allocator.ref_count(block) == 1
+                writable.append(block * bs + position % bs)
         assert len(writable) == len(set(writable))
 
     @invariant()
@@ -128,6 +150,7 @@ class PagedMemoryMachine(RuleBasedStateMachine):
         assert report.free_slots == self.allocator.num_free_blocks * self.block_size
         distinct = {t.slot(p) for t in tables for p in range(t.num_tokens)}
         assert report.token_slots == len(distinct)
+        assert report.reserved_slots == sum(t.num_reserved_blocks for t in tables) * self.block_size
 
     def teardown(self):
         for table, _ in self.live.values():

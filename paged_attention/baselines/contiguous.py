@@ -142,6 +142,10 @@ class ContiguousKVCacheManager:
         res.num_tokens += num_new_tokens
         return SlotAllocation(list(range(first, first + num_new_tokens)), [])
 
+    def reserve(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Nothing to do: the range was reserved, to the request's maximum, at admission."""
+        return seq.seq_id in self.reservations
+
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Forget the slots from ``num_tokens`` on (rejected drafts); the range stays reserved."""
         res = self.reservations[seq.seq_id]

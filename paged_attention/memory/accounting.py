@@ -4,7 +4,8 @@ The PagedAttention paper (Kwon et al., 2023, Figure 2) sorts KV-cache memory int
 
 * **token states**: slots holding the key/value of a token that exists;
 * **reserved**: slots set aside for tokens a request *will* produce (a contiguous system reserves
-  them at admission; paging never does);
+  them at admission, to its maximum length; paging reserves only the blocks of a prompt being
+  computed in chunks, from its admission until its last chunk);
 * **internal fragmentation**: slots reserved for tokens that will *never* come (a request reserved
   2048 slots and finished after 300 tokens), and in a paged cache the unfilled tail of last blocks;
 * **external fragmentation**: free slots that no waiting request can use (gaps between contiguous
@@ -102,7 +103,8 @@ def paged_memory_report(
     """Account for every slot of a paged cache, counting each physical block once.
 
     A block's written slots are the most any owner has written into it (owners of a shared block
-    agree, because copy-on-write runs before anyone writes into a shared block). The rest of an
+    agree, because copy-on-write runs before anyone writes into a shared block). Blocks a table
+    holds past its last written one (:meth:`PageTable.reserve`) are reserved; the rest of an
     allocated block is internal fragmentation; blocks in the free queue are free.
     """
     check_positive_int("block_size", block_size)
@@ -126,10 +128,12 @@ def paged_memory_report(
     else:
         tokens = sum(written_slots(page_tables).values())
     allocated = allocator.num_used_blocks * block_size
+    reserved = sum(table.num_reserved_blocks for table in page_tables) * block_size
     return MemoryReport(
         total_slots=total,
         token_slots=tokens,
-        internal_fragmentation_slots=allocated - tokens,
+        reserved_slots=reserved,
+        internal_fragmentation_slots=allocated - tokens - reserved,
         free_slots=total - allocated,
         shared_blocks=sum(1 for n in holders.values() if n > 1),
         saved_blocks=sum(n - 1 for n in holders.values()),

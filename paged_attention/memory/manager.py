@@ -113,6 +113,13 @@ class KVCacheManager(Protocol):
         block they fill is entered in a prefix cache; :meth:`truncate` forgets the rejected ones."""
         ...
 
+    def reserve(self, seq: CachedSequence, num_new_tokens: int) -> bool:
+        """Set aside now the memory for the ``num_new_tokens`` tokens that follow ``seq``'s allocated
+        slots, without handing out their slots (the rest of a prompt computed in chunks: vLLM v0
+        allocates a whole prompt's blocks at admission); later :meth:`allocate_slots` calls use it
+        first. ``False`` (no change) if memory is short. A contiguous manager reserved it already."""
+        ...
+
     def truncate(self, seq: CachedSequence, num_tokens: int) -> None:
         """Keep only the first ``num_tokens`` of ``seq``'s KV (the rejected drafts go): memory that
         held only the rest is released at once."""

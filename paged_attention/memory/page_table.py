@@ -11,6 +11,12 @@ kernel writes and the attention kernel reads. Physical blocks need not be adjace
 that freedom is the whole point, since a sequence never reserves memory for tokens it has not
 produced, and at most ``block_size - 1`` slots (the unfilled tail of its last block) sit idle.
 
+One exception, on purpose: a prompt computed in chunks over several steps may :meth:`~PageTable.reserve`
+the blocks of its remaining chunks when it is admitted (vLLM v0 allocates a whole prompt's blocks at
+admission), so that the sequences decoding beside it cannot take them and make it, the latest
+arrival, preempt itself before it has produced a token. Those blocks follow the written ones in
+``block_ids`` and fill first.
+
 Forking (parallel sampling, beam search) copies the *table*, not the memory: the child points at
 the parent's blocks and each block's reference count goes up. The one block that may still be
 written, a partly filled last block, must be copied before either owner writes into it
@@ -67,14 +73,20 @@ class PageTable:
 
     @property
     def num_unfilled_slots(self) -> int:
-        """Slots of the last block not written yet (internal fragmentation, at most block_size-1)."""
+        """Slots held but not written yet: the tail of the last written block (internal
+        fragmentation, at most block_size-1), plus any :meth:`reserve`\\ d blocks."""
         return self.capacity - self.num_tokens
+
+    @property
+    def num_reserved_blocks(self) -> int:
+        """Blocks held past the last written one (:meth:`reserve`)."""
+        return len(self.block_ids) - cdiv(self.num_tokens, self.block_size)
 
     def filled_slots(self) -> list[tuple[int, int]]:
         """``(block_id, tokens written in it)`` for each block, in logical order: every block is
-        full but the last, which holds the rest."""
+        full but the last written one, which holds the rest (reserved blocks hold 0)."""
         bs = self.block_size
-        return [(b, min(bs, self.num_tokens - i * bs)) for i, b in enumerate(self.block_ids)]
+        return [(b, max(0, min(bs, self.num_tokens - i * bs))) for i, b in enumerate(self.block_ids)]
 
     def slot(self, position: int) -> int:
         """The cache slot of token ``position`` (0-based, must already be appended)."""
@@ -85,9 +97,9 @@ class PageTable:
 
     def needs_copy_on_write(self) -> bool:
         """True when the next token would land in a partly filled block that another table shares."""
-        return (
-            self.num_tokens % self.block_size != 0 and self.allocator.blocks[self.block_ids[-1]].ref_cnt > 1
-        )
+        if self.num_tokens % self.block_size == 0:
+            return False
+        return self.allocator.blocks[self.block_ids[self.num_tokens // self.block_size]].ref_cnt > 1
 
     def blocks_needed(self, num_new_tokens: int) -> int:
         """Fresh blocks that appending ``num_new_tokens`` would take from the allocator."""
@@ -95,23 +107,24 @@ class PageTable:
         if num_new_tokens == 0:
             return 0
         new_blocks = cdiv(self.num_tokens + num_new_tokens, self.block_size) - len(self.block_ids)
-        return new_blocks + int(self.needs_copy_on_write())
+        return max(0, new_blocks) + int(self.needs_copy_on_write())
 
     # -- operations ------------------------------------------------------------------------------
     def append_tokens(self, num_new_tokens: int) -> AppendResult:
         """Make room for ``num_new_tokens`` more tokens and return their slots.
 
-        A new block is taken exactly when the last one is full. If the last block is shared and
+        A new block is taken exactly when the last one is full (reserved blocks fill first). If
+        the last written block is shared and
         partly filled, it is first replaced by a private copy and the returned ``copy`` says which
         physical block to copy into which. All or nothing: if the allocator cannot provide every
         block needed, :class:`NoFreeBlocksError` is raised and the table is unchanged.
         """
         bs, ids = self.block_size, self.block_ids
         start = self.num_tokens
-        if num_new_tokens == 1 and start % bs and self.allocator.blocks[ids[-1]].ref_cnt == 1:
+        if num_new_tokens == 1 and start % bs and self.allocator.blocks[ids[start // bs]].ref_cnt == 1:
             # The decode fast path: one token into a private, partly filled last block.
             self.num_tokens = start + 1
-            return AppendResult([ids[-1] * bs + start % bs], None)
+            return AppendResult([ids[start // bs] * bs + start % bs], None)
         needed = self.blocks_needed(num_new_tokens)
         if num_new_tokens == 0:
             return AppendResult([], None)
@@ -123,6 +136,18 @@ class PageTable:
         self.num_tokens += num_new_tokens
         slots = [ids[p // bs] * bs + p % bs for p in range(start, self.num_tokens)]
         return AppendResult(slots, copy)
+
+    def reserve(self, num_new_tokens: int) -> int:
+        """Take now the blocks that ``num_new_tokens`` more tokens will need, without writing any:
+        later appends fill them first. Returns the blocks taken. All or nothing, like
+        :meth:`append_tokens` (:class:`NoFreeBlocksError`, the table unchanged); a shared, partly
+        filled last block is not copied here (the append that writes into it copies it)."""
+        check_int("num_new_tokens", num_new_tokens, minimum=0)
+        needed = max(0, cdiv(self.num_tokens + num_new_tokens, self.block_size) - len(self.block_ids))
+        if needed > self.allocator.num_free_blocks:
+            raise NoFreeBlocksError(needed, self.allocator.num_free_blocks)
+        self.block_ids.extend(self.allocator.allocate() for _ in range(needed))
+        return needed
 
     def truncate(self, num_tokens: int) -> list[int]:
         """Forget the tokens from position ``num_tokens`` on (drafted tokens the target model
@@ -136,7 +161,7 @@ class PageTable:
             raise ValueError(
                 f"num_tokens must be at most the {self.num_tokens} tokens held, got {num_tokens}"
             )
-        keep = cdiv(num_tokens, self.block_size)
+        keep = cdiv(num_tokens, self.block_size)  # (reserved blocks past them go too)
         dropped = self.block_ids[keep:]
         for block_id in reversed(dropped):
             self.allocator.free(block_id)
@@ -162,34 +187,38 @@ class PageTable:
         self.num_tokens += len(block_ids) * self.block_size
 
     def _copy_on_write(self) -> BlockCopy:
-        shared = self.block_ids[-1]
+        tail = self.num_tokens // self.block_size
+        shared = self.block_ids[tail]
         private = self.allocator.allocate()
         self.allocator.free(shared)  # drop our reference; the other owners keep theirs
-        self.block_ids[-1] = private
+        self.block_ids[tail] = private
         return BlockCopy(src=shared, dst=private)
 
     def fork(self) -> PageTable:
-        """A child table pointing at the same physical blocks (each block's ref count + 1)."""
+        """A child table pointing at the same written blocks (each block's ref count + 1); the
+        parent's reserved blocks, if any, stay the parent's."""
         child = PageTable(self.allocator, self.block_size)
-        for block_id in self.block_ids:
+        written = self.block_ids[: cdiv(self.num_tokens, self.block_size)]
+        for block_id in written:
             self.allocator.share(block_id)
-        child.block_ids = list(self.block_ids)
+        child.block_ids = list(written)
         child.num_tokens = self.num_tokens
         return child
 
-    def snapshot(self) -> tuple[list[int], int, int | None, int]:
+    def snapshot(self) -> tuple[list[int], int, int, int | None, int]:
         """What :meth:`restore` needs to undo a step, in O(1): the list of block ids (appended to,
-        its last entry replaced by copy-on-write, or swapped for a new list by :meth:`free` and
-        :meth:`truncate`: never changed otherwise), its length, its last entry and the token count."""
-        ids = self.block_ids
-        return ids, len(ids), ids[-1] if ids else None, self.num_tokens
+        its last written entry replaced by copy-on-write, or swapped for a new list by :meth:`free`
+        and :meth:`truncate`: never changed otherwise), its length, that entry's index and value, and
+        the token count."""
+        ids, tail = self.block_ids, self.num_tokens // self.block_size
+        return ids, len(ids), tail, ids[tail] if tail < len(ids) else None, self.num_tokens
 
-    def restore(self, state: tuple[list[int], int, int | None, int]) -> None:
+    def restore(self, state: tuple[list[int], int, int, int | None, int]) -> None:
         """Put the table back as :meth:`snapshot` saw it (the allocator is restored on its own)."""
-        ids, length, last, self.num_tokens = state
+        ids, length, tail, entry, self.num_tokens = state
         del ids[length:]
-        if last is not None:
-            ids[-1] = last
+        if entry is not None:
+            ids[tail] = entry
         self.block_ids = ids
 
     def free(self) -> None:

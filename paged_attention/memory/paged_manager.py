@@ -197,6 +197,19 @@ class PagedKVCacheManager:
             self._cache_full_blocks(seq, table, seq.num_computed_tokens + num_new_tokens)
         return SlotAllocation(result.slot_mapping, [result.copy] if result.copy else [])
 
+    def reserve(self, seq: CachedSequence, num_new_tokens: int) -> bool:
+        """Take now the blocks that ``num_new_tokens`` tokens past ``seq``'s allocated slots will
+        need (:meth:`PageTable.reserve`); ``False`` (no change) if too few are free. Reserved blocks
+        are never entered in the prefix cache before they are written, and never swapped out."""
+        check_int("num_new_tokens", num_new_tokens, minimum=0)
+        table = self._tables.get(seq.seq_id)
+        if table is None:
+            raise ValueError(f"reserve: sequence {seq.seq_id} holds no KV cache (allocate its first slots)")
+        if table.blocks_needed(num_new_tokens) > self.allocator.num_free_blocks:
+            return False
+        table.reserve(num_new_tokens)
+        return True
+
     def truncate(self, seq: CachedSequence, num_tokens: int) -> None:
         """Drop ``seq``'s slots from ``num_tokens`` on (:meth:`PageTable.truncate`); the blocks that
         held only those return to the free queue now. Only drafted slots may go: never a block the
@@ -329,7 +342,7 @@ class PagedKVCacheManager:
         return (
             self.cpu_allocator is not None
             and table is not None
-            and table.num_blocks <= self.cpu_allocator.num_free_blocks
+            and table.num_blocks - table.num_reserved_blocks <= self.cpu_allocator.num_free_blocks
         )
 
     def swap_out(self, seq_id: int) -> list[tuple[int, int]]:
@@ -337,6 +350,7 @@ class PagedKVCacheManager:
             raise ValueError(f"sequence {seq_id} cannot be swapped out (no table or CPU space)")
         assert self.cpu_allocator is not None
         table = self._tables.pop(seq_id)
+        table.truncate(table.num_tokens)  # its reserved blocks (never written) are not copied
         cpu_blocks = self.cpu_allocator.allocate_many(table.num_blocks) if table.num_blocks else []
         mapping = list(zip(table.block_ids, cpu_blocks, strict=True))
         self._swapped[seq_id] = (cpu_blocks, table.num_tokens)

@@ -17,9 +17,13 @@ and a waiting one takes its place in the very next step. The scheduler below doe
 3. **Waiting sequences are admitted first-come first-served** while the token budget,
    ``max_num_seqs`` and free blocks (above the watermark) allow. A long prompt is split into
    chunks that fit the budget (*chunked prefill*), so one huge prompt never stalls the decodes;
-   but admission asks memory for the *whole* prompt (or recompute), not its first chunk: admitted
-   for one chunk, it would find no blocks for the next and, the latest arrival, preempt itself at
-   once, again and again.
+   but admission asks memory for the *whole* prompt (or recompute), not its first chunk, and
+   *reserves* the blocks of its later chunks (``reserve``, vLLM v0's whole-prompt allocation):
+   admitted for one chunk, it would find no blocks for the next and, the latest arrival, preempt
+   itself at once, again and again; merely checked for, its blocks would be taken by the sequences
+   decoding beside it while its chunks ran, with the same end. A swapped sequence that comes back
+   reserves the rest of its prefill the same way. So a sequence never steps back twice without
+   a new token in between: after admission it samples before it can ask for a block again.
    Admission stops at the first request that does not fit: skipping ahead to smaller ones would
    let a large request starve forever. A sequence whose beginning is in the prefix cache starts
    with those tokens already computed (``lookup_prefix``) and spends budget only on the rest.
@@ -303,6 +307,7 @@ class Scheduler:
                 return
             self.swapped.popleft()
             out.swap_in += cache_manager.swap_in(seq.seq_id)
+            cache_manager.reserve(seq, seq.num_uncomputed_tokens)  # can_swap_in saw room for it
             self._run(seq)
 
     def _schedule_swapped_in(self, out: SchedulerOutput, budget: int) -> int:
@@ -333,8 +338,9 @@ class Scheduler:
             n = min(seq.num_uncomputed_tokens, budget)
             # Admission checks the blocks of every token it must compute before it samples, not only
             # this step's chunk (checked for its first chunk alone, it could need blocks for the next
-            # one at once and, the latest arrival, preempt itself, over and over); it allocates only
-            # the chunk's, and reserves nothing for the rest.
+            # one at once and, the latest arrival, preempt itself, over and over); it allocates the
+            # chunk's slots and reserves the blocks of the rest (see the module docstring). A policy
+            # that admits beyond memory gets no reservation: its chunks then take blocks as they run.
             allocation = (
                 self.cache_manager.allocate_slots(seq, n)
                 if self.scheduling_policy.admits(seq, seq.num_uncomputed_tokens, self.cache_manager)
@@ -343,6 +349,7 @@ class Scheduler:
             if allocation is None:
                 seq.num_computed_tokens = 0
                 return False
+            self.cache_manager.reserve(seq, seq.num_uncomputed_tokens - n)
             self.waiting.popleft()
             if seq.num_cached_tokens < 0:  # what vLLM reports: the hit of its first admission
                 seq.num_cached_tokens = cached
