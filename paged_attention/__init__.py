@@ -30,6 +30,7 @@ _PUBLIC = {
     "SamplingParams": "sample.sampling",
     "BeamSearchParams": "sample.sampling",
     "RequestOutputKind": "sample.sampling",
+    "StructuredOutputsParams": "structured_output.params",
 }
 
 
@@ -55,6 +56,7 @@ __all__ = [
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
+    "StructuredOutputsParams",
     "TextPrompt",
     "TokensPrompt",
     "Vector",

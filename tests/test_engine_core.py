@@ -115,6 +115,18 @@ def test_the_front_tokenizes_and_the_core_refuses_bad_input(served) -> None:
     bad_ids = {"model": "tiny", "prompt": [10**9], "max_tokens": 4}
     answer = httpx.post(url + "/v1/completions", json=bad_ids, timeout=30)
     assert answer.status_code == 400
+    # a grammar is compiled in the core: its refusal crosses back as a 400 too, and a good one works
+    bad_regex = {"model": "tiny", "prompt": "x", "max_tokens": 4, "structured_outputs": {"regex": "[a-"}}
+    answer = httpx.post(url + "/v1/completions", json=bad_regex, timeout=30)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "structured_outputs"
+    choice = {
+        "model": "tiny",
+        "prompt": "x",
+        "max_tokens": 8,
+        "structured_outputs": {"choice": ["on", "off"]},
+    }
+    answer = httpx.post(url + "/v1/completions", json=choice, timeout=30)
+    assert answer.status_code == 200 and answer.json()["choices"][0]["text"] in ("on", "off")
     wait_idle(llm, url)
 
 

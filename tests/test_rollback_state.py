@@ -20,6 +20,7 @@ from types import FunctionType, MappingProxyType, MethodType, ModuleType
 
 import pytest
 import torch
+import xgrammar
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from paged_attention.baselines.contiguous import ContiguousKVCacheManager
@@ -45,6 +46,10 @@ SKIPPED = (
     MethodType,
     ModuleType,
     type,
+    # xgrammar's objects (C++, opaque): a Grammar's state is the output tokens its matcher consumed
+    xgrammar.GrammarMatcher,
+    xgrammar.CompiledGrammar,
+    xgrammar.GrammarCompiler,
 )
 
 

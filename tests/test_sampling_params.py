@@ -348,5 +348,5 @@ def test_repr_and_defaults_are_vllms() -> None:
     with pytest.raises(ValueError, match="top_p must be in"):
         SamplingParams(temperature=0, top_p=0)  # checked before a greedy request drops its filters
     assert "best_of=3" in repr(SamplingParams(n=1, best_of=3))
-    with pytest.raises(ValueError, match="structured_outputs is a vLLM feature"):
-        SamplingParams(structured_outputs={"json": {}})
+    with pytest.raises(TypeError, match="structured_outputs must be a StructuredOutputsParams"):
+        SamplingParams(structured_outputs={"json": {}})  # vLLM's type, as in vLLM

@@ -12,6 +12,7 @@ must finish with the outputs of the same run without faults: every request, toke
 from __future__ import annotations
 
 import functools
+import re
 from collections import Counter
 from collections.abc import Callable
 
@@ -19,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paged_attention import LLM, BeamSearchParams, SamplingParams
+from paged_attention import LLM, BeamSearchParams, SamplingParams, StructuredOutputsParams
 from paged_attention.engine.llm_engine import LLMEngine
 from paged_attention.engine.parallel_sampling import SamplingRequest
 from paged_attention.engine.sample.sampling import RequestOutputKind, Sampler
@@ -49,7 +50,8 @@ SEEN: dict[str, Counter] = {config: Counter() for config in CONFIGS}  # what the
 
 def workload() -> list[tuple[list[int], SamplingParams | BeamSearchParams]]:
     """Samples (seeded and not), greedy requests, a beam search, stop tokens and strings, a shared
-    prefix, log-probabilities (sampled and prompt) and penalties."""
+    prefix, log-probabilities (sampled and prompt), penalties and structured outputs (a grammar's
+    matcher must step back with the step)."""
     return [
         ([*SHARED, 40, 41], SamplingParams(max_tokens=8, n=3, seed=7, temperature=0.9)),
         ([7, 8, 9], SamplingParams(max_tokens=9, temperature=0.0)),
@@ -70,7 +72,13 @@ def workload() -> list[tuple[list[int], SamplingParams | BeamSearchParams]]:
                 output_kind=DELTA,
             ),
         ),
+        ([31, 32, 33], SamplingParams(max_tokens=16, seed=13, structured_outputs=GRAMMAR)),
+        ([*SHARED, 80], SamplingParams(max_tokens=14, n=2, seed=2, structured_outputs=CHOICE)),
     ]
+
+
+GRAMMAR = StructuredOutputsParams(regex="(ab|cd)+[0-9]")
+CHOICE = StructuredOutputsParams(choice=["alpha", "gamma", "delta zeta"])
 
 
 @functools.cache
@@ -275,6 +283,18 @@ def test_the_workload_preempts_forks_swaps_and_hits_the_prefix_cache() -> None:
         assert bool(seen["swaps"]) == config.startswith("swap"), seen
     unfaulted("recompute+prefix+ngram")  # and drafts are verified (and truncated) mid-workload
     assert SEEN["recompute+prefix+ngram"]["drafts"] > 0
+
+
+def test_the_structured_requests_of_the_workload_match_their_grammars() -> None:
+    """Whatever the cache does to them (preempted, swapped, drafted for), the two structured
+    requests end with text their grammar matches, every sample of them."""
+    for config in CONFIGS:
+        outputs, _ = unfaulted(config)
+        for request_id, matches in ((str(len(workload()) - 2), lambda t: re.fullmatch(GRAMMAR.regex, t)),
+                                    (str(len(workload()) - 1), lambda t: t in CHOICE.choice)):  # fmt: skip
+            last = outputs[request_id][-1]
+            for index, text, _, reason, *_ in last[:-1]:
+                assert reason == "stop" and matches(text), (config, request_id, index, text, reason)
 
 
 def test_a_swapped_victim_whose_blocks_the_step_reused_gets_its_kv_back() -> None:

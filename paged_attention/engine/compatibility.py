@@ -116,6 +116,15 @@ ROWS = [
         "tests/test_sampling_params.py::test_a_stop_tokens_text_is_left_out_unless_asked_for",
     ),
     Row(
+        "`structured_outputs=StructuredOutputsParams(json=..., regex=..., choice=..., grammar=..., "
+        "json_object=True)`",
+        "same",
+        "xgrammar, vLLM's default backend (`disable_any_whitespace`, `disable_additional_properties` too); "
+        "greedy output token for token equal to transformers' `generate` with xgrammar's logits processor; "
+        "grammars in xgrammar's EBNF (not Lark); `structural_tag`, `whitespace_pattern` refused",
+        "tests/test_structured_output.py::test_greedy_equals_transformers_generate_with_xgrammars_logits_processor",
+    ),
+    Row(
         "`detokenize=False`",
         "same",
         "token ids only; no stop strings then",

@@ -4,7 +4,8 @@ pass, then the request and its sequences.
 In order: the parameters are checked again and copied (they may have been changed since they were
 built); the prompt is tokenized and checked against the vocabulary and ``max_model_len``
 (``max_tokens=None`` becomes the room left); ``logprobs`` against ``max_logprobs``; bad words are
-tokenized; the samples (``n``, or ``best_of``) or beams are made, as one sequence that will fork
+tokenized; a ``structured_outputs`` constraint is compiled (each sequence gets its own matcher);
+the samples (``n``, or ``best_of``) or beams are made, as one sequence that will fork
 when the cache manager can fork, else as independent sequences; and each must be able to fit the
 cache at all. Nothing is changed in the engine until all of this passed (the ids the sequence pool
 gave out aside), so a bad request is rejected alone.
@@ -50,13 +51,15 @@ def build_request(
     check_logprobs(params, engine.max_logprobs)
     if params.bad_words:
         params.bad_words_token_ids = bad_words_token_ids(params.bad_words, engine.tokenizer)
+    constraint = params.structured_outputs
+    grammar = engine.structured_output.grammar(constraint) if constraint is not None else None
     width = beam.beam_width if beam else params.num_samples
     if beam is not None and not engine.cache_manager.supports_fork:
         raise ValueError("beam search forks page tables: it needs a cache manager that can fork")
     forks = width > 1 and engine.cache_manager.supports_fork  # else: n unshared sequences, same outputs
     now = time.monotonic() if arrival_time is None else arrival_time
     seqs = [
-        engine.pool.new(request_id, token_ids, params, now, i, cache_salt)
+        engine.pool.new(request_id, token_ids, params, now, i, cache_salt, grammar and grammar.fork())
         for i in range(1 if forks else width)
     ]
     seqs[0].pending_forks = width - 1 if forks else 0

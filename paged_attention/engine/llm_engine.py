@@ -52,6 +52,7 @@ from .sequence import Sequence
 from .spec_decode.speculation import Speculator
 from .spec_decode.speculative import SpeculativeConfig
 from .stop_rules import StopRules
+from .structured_output.grammar import StructuredOutputManager
 from .worker.kv_cache import KVCache, KVCacheSpec
 from .worker.model_runner import ModelRunner
 
@@ -124,11 +125,8 @@ class LLMEngine:
         )
         manager = self.cache_manager
         self.kv_cache = KVCache(self.spec, manager.num_blocks, manager.block_size, device)
-        self.cpu_cache = (
-            KVCache(self.spec, manager.num_cpu_blocks, manager.block_size, "cpu")
-            if manager.num_cpu_blocks
-            else None
-        )
+        cpu_blocks = manager.num_cpu_blocks
+        self.cpu_cache = KVCache(self.spec, cpu_blocks, manager.block_size, "cpu") if cpu_blocks else None
         budget = max(2048, self.max_model_len) if max_num_batched_tokens is None else max_num_batched_tokens
         self.stop_rules = StopRules(eos_token_ids(self.model, self.tokenizer), self.max_model_len)
         self.detokenizer = Detokenizer(self.tokenizer)
@@ -144,6 +142,9 @@ class LLMEngine:
         self.pool = SequencePool()
         #: n-gram speculative decoding (:mod:`.speculation`), or None.
         self.speculator = Speculator(speculation, self.max_model_len) if speculation else None
+        #: Structured outputs (:mod:`.structured_output`): its grammar compiler is built on first use.
+        eos = self.stop_rules.eos_token_ids
+        self.structured_output = StructuredOutputManager(self.tokenizer, self.model.config.vocab_size, eos)
         self.metrics = EngineMetrics()
         self._requests: dict[str, Request] = {}
         self._request_ids = itertools.count()
@@ -186,9 +187,8 @@ class LLMEngine:
                 self.scheduler.add(seq)
         except BaseException:
             self._requests.pop(request_id, None)
-            self.scheduler.waiting = type(self.scheduler.waiting)(
-                s for s in self.scheduler.waiting if s not in seqs
-            )
+            waiting = self.scheduler.waiting
+            self.scheduler.waiting = type(waiting)(s for s in waiting if s not in seqs)
             raise
         return request_id
 

@@ -15,6 +15,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from .structured_output.params import StructuredOutputsParams
+
 _EPS = 1e-5
 _MIN_TEMPERATURE = 1e-2  # vLLM raises a temperature in (0, 0.01) to 0.01 (smaller ones overflow)
 
@@ -108,10 +110,11 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    #: What the output must match (a JSON schema, regex, choice or grammar): :mod:`.structured_output`.
+    structured_outputs: StructuredOutputsParams | None = None
     #: vLLM's fields for features this engine does not have: accepted at their neutral value only.
     watermarking: bool | None = None
     thinking_token_budget: int | None = None
-    structured_outputs: Any = None
     #: Free-form arguments for custom logits processors (vLLM's ``extra_args``): kept, not read.
     extra_args: dict[str, Any] | None = None
     stop_strings: list[str] = field(init=False, repr=False)
@@ -160,10 +163,17 @@ class SamplingParams:
             warnings.warn(f"temperature {t} is below {_MIN_TEMPERATURE} and may overflow; it is raised to "
                           f"{_MIN_TEMPERATURE} (as vLLM does)", stacklevel=4)  # fmt: skip
             self.temperature = _MIN_TEMPERATURE
-        for name in ("watermarking", "thinking_token_budget", "structured_outputs"):
+        for name in ("watermarking", "thinking_token_budget"):
             neutral = getattr(self, name) is None or (name == "watermarking" and self.watermarking is False)
             if not neutral:
                 raise ValueError(f"{name} is a vLLM feature this engine does not have: only None is accepted")
+        so = self.structured_outputs
+        if so is not None:
+            if not isinstance(so, StructuredOutputsParams):
+                raise TypeError(
+                    f"structured_outputs must be a StructuredOutputsParams or None, got {type(so).__name__}"
+                )
+            self.structured_outputs = dataclasses.replace(so)  # checked again, and ours
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise TypeError(f"extra_args must be a dict or None, got {type(self.extra_args).__name__}")
 

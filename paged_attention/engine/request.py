@@ -19,6 +19,7 @@ their own generators.
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 
@@ -45,10 +46,11 @@ class SequencePool:
         arrival_time: float,
         sample_index: int = 0,
         cache_salt: str | None = None,
+        grammar: Any = None,
     ) -> Sequence:
         generator = sample_generator(params, sample_index)
         return Sequence(self._new_id(), request_id, list(prompt_token_ids), params, arrival_time,
-                        sample_index, generator, cache_salt=cache_salt)  # fmt: skip
+                        sample_index, generator, cache_salt=cache_salt, grammar=grammar)  # fmt: skip
 
     def copy(self, parent: Sequence, sample_index: int) -> Sequence:
         """A new sequence with ``parent``'s tokens and text, holding no memory yet (the step's end
@@ -61,6 +63,7 @@ class SequencePool:
             prefix_offset=parent.prefix_offset, read_offset=parent.read_offset,
             cumulative_logprob=parent.cumulative_logprob, logprobs=list(parent.logprobs),
             num_cached_tokens=parent.num_cached_tokens,
+            grammar=parent.grammar.fork() if parent.grammar is not None else None,
         )  # fmt: skip
 
     def _new_id(self) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -75,6 +76,8 @@ class Sequence:
     pending_forks: int = 0  # children it will fork into after prefill (n - 1, or beam_width - 1)
     # -- speculative decoding: tokens guessed to follow its last one, verified in its next step --
     draft_token_ids: list[int] = field(default_factory=list)  # replaced, never appended to
+    # -- structured outputs: its grammar's matcher, in step with output_token_ids (structured_output/) --
+    grammar: Any = None
     _saved: tuple | None = field(default=None, init=False, repr=False)  # the open step's undo
 
     #: What a step may change, and how a rollback puts it back: values are restored, the
@@ -86,7 +89,7 @@ class Sequence:
                "cumulative_logprob", "num_cached_tokens", "draft_token_ids")  # fmt: skip
     APPEND_ONLY = ("output_token_ids", "block_hashes", "logprobs", "prompt_logprobs")
     FIXED = ("seq_id", "request_id", "prompt_token_ids", "params", "arrival_time", "sample_index",
-             "generator", "cache_salt", "group_id")  # fmt: skip
+             "generator", "cache_salt", "group_id", "grammar")  # fmt: skip
 
     def __post_init__(self) -> None:
         self._saved = None  # an attribute of its own from the start (the class default is not)
@@ -150,9 +153,13 @@ class Sequence:
     def begin(self) -> None:
         lists = tuple((lst := getattr(self, name), len(lst)) for name in self.APPEND_ONLY)
         self._saved = (tuple(getattr(self, name) for name in self.MUTABLE), lists)
+        if self.grammar is not None:
+            self.grammar.begin()
 
     def commit(self) -> None:
         self._saved = None
+        if self.grammar is not None:
+            self.grammar.commit()
 
     def rollback(self) -> None:
         if self._saved is None:
@@ -163,6 +170,8 @@ class Sequence:
         for name, (lst, length) in zip(self.APPEND_ONLY, lists, strict=True):
             del lst[length:]
             setattr(self, name, lst)  # (a fork gives a child a new list: the old one comes back)
+        if self.grammar is not None:
+            self.grammar.rollback()
         self._saved = None
 
     def __repr__(self) -> str:

@@ -83,4 +83,5 @@ _SAMPLING_FIELDS = {
     "include_stop_str_in_output",
     "logit_bias",
     "allowed_token_ids",
+    "structured_outputs",
 }

@@ -6,6 +6,11 @@ and ``LLMEngine.add_request``, so that the server and ``LLM.generate`` accept an
 things. Fields the server does not know are ignored, as vLLM ignores them; the ones it knows but
 cannot honour (``suffix``, ``tools``) are refused by name.
 
+Structured outputs: vLLM's ``structured_outputs`` object (``json``, ``regex``, ``choice``, ``grammar``,
+``json_object`` and its options) on both endpoints, and OpenAI's ``response_format`` (``text``,
+``json_object``, ``json_schema``), which overrides the constraint of ``structured_outputs`` as vLLM's
+``structured_outputs_from_response_format`` does.
+
 Defaults: a field left out takes the model's generation-config default (``LLMEngine.sampling_defaults``,
 vLLM's ``generation_config="auto"``), then vLLM's. ``max_tokens`` left out is 16 for completions
 (OpenAI's default) and the room left in ``max_model_len`` for chat (vLLM's).
@@ -13,11 +18,13 @@ vLLM's ``generation_config="auto"``), then vLLM's. ``max_tokens`` left out is 16
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.params import RequestOutputKind, SamplingParams
+from ..engine.structured_output.params import CONSTRAINTS, StructuredOutputsParams
 from .errors import APIError, engine_error
 
 
@@ -54,6 +61,8 @@ class _Generation(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     prompt_logprobs: int | None = None  # vLLM's: each prompt token's log-probability and top ones
+    structured_outputs: dict[str, Any] | None = None  # vLLM's: json, regex, choice, grammar, json_object
+    response_format: dict[str, Any] | None = None  # OpenAI's: text, json_object, json_schema
 
     def sampling_params(
         self, defaults: dict[str, Any], max_tokens: int | None, logprobs: int | None, **extra: Any
@@ -90,10 +99,45 @@ class _Generation(BaseModel):
                 logit_bias=_logit_bias(self.logit_bias),
                 logprobs=logprobs,
                 output_kind=RequestOutputKind.DELTA,
+                structured_outputs=self.constraint(),
                 **extra,
             )
         except (ValueError, TypeError) as err:
             raise engine_error(err) from err
+
+    def constraint(self) -> StructuredOutputsParams | None:
+        """``structured_outputs`` with ``response_format`` applied (see the module docstring)."""
+        fields = dict(self.structured_outputs or {})
+        unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(StructuredOutputsParams)})
+        if unknown:
+            raise APIError(f"structured_outputs has no field {', '.join(unknown)}", 400, "structured_outputs")
+        param = "structured_outputs"
+        kind = (self.response_format or {}).get("type", "text")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise APIError(
+                f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+                400,
+                "response_format",
+            )
+        if kind != "text":
+            param, fields = "response_format", {k: v for k, v in fields.items() if k not in CONSTRAINTS}
+            if kind == "json_object":
+                fields["json_object"] = True
+            else:
+                spec = (self.response_format or {}).get("json_schema")
+                if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                    raise APIError(
+                        "response_format of type 'json_schema' needs a json_schema object with a 'schema'",
+                        400,
+                        "response_format",
+                    )
+                fields["json"] = spec["schema"]
+        if not fields:
+            return None
+        try:
+            return StructuredOutputsParams(**fields)
+        except (ValueError, TypeError) as err:
+            raise APIError(str(err), 400, param) from err
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
@@ -166,15 +210,10 @@ class ChatCompletionRequest(_Generation):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     def to_sampling_params(self, defaults: dict[str, Any]) -> SamplingParams:
         if self.tools:
             raise APIError("tools (function calling) are not supported by this server", 400, "tools")
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise APIError(
-                "response_format must be {'type': 'text'} here (no structured output)", 400, "response_format"
-            )
         if self.top_logprobs and not self.logprobs:
             raise APIError("top_logprobs needs logprobs set to true", 400, "top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None

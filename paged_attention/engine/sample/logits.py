@@ -3,6 +3,8 @@
 In vLLM v1's order, on float32 logits ``[rows, vocab]``, each row with its own settings
 (:class:`~.params.SamplingParams`) and its own past tokens (a :class:`History`):
 
+0. a structured output's grammar mask (:mod:`..structured_output`): every token the grammar does
+   not allow next gets ``-inf`` (vLLM applies the grammar bitmask before its sampler);
 1. ``allowed_token_ids``: every other token gets ``-inf``;
 2. ``bad_words``: a word's last token gets ``-inf`` where the output already ends with the word's
    other tokens (a one-token word is always banned);
@@ -39,11 +41,12 @@ def needs_history(params: SamplingParams) -> bool:
     return params.penalized or bool(params.bad_words_token_ids)
 
 
-def changes(params: SamplingParams, banned: Sequence[int] = ()) -> bool:
-    """Whether steps 1-4 can change a row with these settings (``banned``: its stop tokens before
-    ``min_tokens``)."""
+def changes(params: SamplingParams, banned: Sequence[int] = (), mask: torch.Tensor | None = None) -> bool:
+    """Whether steps 0-4 can change a row with these settings (``banned``: its stop tokens before
+    ``min_tokens``; ``mask``: its grammar's allowed tokens)."""
     return (
-        params.allowed_token_ids is not None
+        mask is not None
+        or params.allowed_token_ids is not None
         or bool(params.bad_words_token_ids)
         or bool(banned)
         or bool(params.logit_bias)
@@ -56,10 +59,15 @@ def process(
     params: Sequence[SamplingParams],
     banned: Sequence[Sequence[int]] | None = None,
     histories: Sequence[History | None] | None = None,
+    masks: Sequence[torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
-    """Apply steps 1-4 to ``logits`` in place (a float32 CPU tensor); returns it."""
+    """Apply steps 0-4 to ``logits`` in place (a float32 CPU tensor); returns it. ``masks[i]``: the
+    tokens row ``i``'s grammar allows (bool ``[vocab]``), or ``None``."""
     vocab = logits.shape[1]
     for row, p in enumerate(params):
+        mask = masks[row] if masks is not None else None
+        if mask is not None:
+            logits[row].masked_fill_(~mask, float("-inf"))
         if p.allowed_token_ids is not None:
             keep = torch.zeros(vocab, dtype=torch.bool)
             keep[[t for t in p.allowed_token_ids if t < vocab]] = True

@@ -109,18 +109,23 @@ class Sampler:
         generators: Sequence[torch.Generator | None],
         banned: Sequence[Sequence[int]] | None = None,
         histories: Sequence[History | None] | None = None,
+        masks: Sequence[torch.Tensor | None] | None = None,
     ) -> SamplerOutput:
         """Draw a token per row. ``banned[i]``: ids row ``i`` may not produce (min_tokens);
-        ``histories[i]``: its past tokens, for penalties and bad words (:mod:`.logits`).
-        Log-probabilities are computed only for the rows whose request reports them."""
-        if all(p.greedy and not p.tracks_logprob for p in params) and not any(
-            changes(p, banned[i] if banned is not None else ()) for i, p in enumerate(params)
+        ``histories[i]``: its past tokens, for penalties and bad words; ``masks[i]``: the tokens its
+        grammar allows (:mod:`.logits`). Log-probabilities are computed only for the rows whose
+        request reports them."""
+        masks = masks if masks is not None and any(m is not None for m in masks) else None
+        if (
+            masks is None
+            and all(p.greedy and not p.tracks_logprob for p in params)
+            and not any(changes(p, banned[i] if banned is not None else ()) for i, p in enumerate(params))
         ):  # plain greedy rows: the argmax of the logits as they are (no float32 copy)
             return SamplerOutput(greedy_argmax(logits.cpu()).tolist(), [None] * len(params), {})
         raw = logits.to("cpu", torch.float32)
         tracked = [i for i, p in enumerate(params) if p.tracks_logprob]
         keep_raw = raw is logits or (tracked and self.logprobs_mode == "raw_logprobs")
-        work = process(raw.clone() if keep_raw else raw, params, banned, histories)
+        work = process(raw.clone() if keep_raw else raw, params, banned, histories, masks)
         tokens = work.argmax(dim=-1)
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
         scores = None
@@ -146,18 +151,23 @@ class Sampler:
         return SamplerOutput(tokens.tolist(), chosen, distributions)
 
     def targets(
-        self, logits: torch.Tensor, seqs: Sequence[Seq], banned: Sequence[Sequence[int]]
+        self,
+        logits: torch.Tensor,
+        seqs: Sequence[Seq],
+        banned: Sequence[Sequence[int]],
+        masks: Sequence[torch.Tensor | None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """What speculative decoding verifies drafts against, row by row (:mod:`.speculation`):
         the raw logits (float32), the processed ones (logits processing applied, as :meth:`draw`
         does; their argmax is the greedy token) and, if the rows sample, the scores drawn from
         (:func:`filtered_scores`: temperature, min-p, top-k, top-p applied).
-        All rows share one sequence's settings; row ``i`` sees ``seqs[i]``'s history."""
+        All rows share one sequence's settings; row ``i`` sees ``seqs[i]``'s history and grammar
+        mask ``masks[i]``."""
         raw = logits.to("cpu", torch.float32)
         params = [s.params for s in seqs]
         histories = [History(s.prompt_token_ids, s.output_token_ids) if needs_history(s.params) else None
                      for s in seqs]  # fmt: skip
-        work = process(raw.clone(), params, banned, histories)
+        work = process(raw.clone(), params, banned, histories, masks)
         if params[0].greedy:
             return raw, work, None
         return raw, work, filtered_scores(work.clone(), params)
@@ -186,7 +196,8 @@ class Sampler:
         its request asked for ``logprobs``, its entry (``decode``: a token's text)."""
         histories = [History(s.prompt_token_ids, s.output_token_ids) if needs_history(s.params) else None
                      for s in seqs]  # fmt: skip
-        out = self(logits, [s.params for s in seqs], [s.generator for s in seqs], banned, histories)
+        masks = [s.grammar.mask(s.output_token_ids) if s.grammar is not None else None for s in seqs]
+        out = self(logits, [s.params for s in seqs], [s.generator for s in seqs], banned, histories, masks)
         drawn = []
         for i, (seq, token) in enumerate(zip(seqs, out.tokens, strict=True)):
             entry = None

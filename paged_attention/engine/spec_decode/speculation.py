@@ -136,7 +136,9 @@ class Speculator:
             _Ahead(seq.prompt_token_ids, [*seq.output_token_ids, *drafts[:i]], seq.params, seq.generator)
             for i in range(len(drafts) + 1)
         ]
-        raw, work, scores = sampler.targets(logits, views, [stop_rules.banned(v) for v in views])  # type: ignore[arg-type]
+        masks = seq.grammar.masks_ahead(seq.output_token_ids, drafts) if seq.grammar is not None else None
+        banned = [stop_rules.banned(v) for v in views]  # type: ignore[arg-type]
+        raw, work, scores = sampler.targets(logits, views, banned, masks)  # type: ignore[arg-type]
         if scores is None:
             tokens, accepted = verify_greedy(drafts, work.argmax(dim=-1).tolist())
             processed = work
