@@ -15,7 +15,7 @@ from paged_attention.lab.grader import grade_cell, junit_xml, table
 from paged_attention.lab.notebook import LabError, student_notebook
 from paged_attention.lab.registry import UNPLACED_CHECKS
 from paged_attention.memory.allocator import KVCacheBlock
-from tests.lab_answers import kernels, load, memory, serving, spec
+from tests.lab_answers import kernels, load, memory, serving, spec, structured
 
 ROOT_NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -86,6 +86,15 @@ ANSWERS = {
         spec.accept_drafts_right,
         [spec.accept_drafts_resample_full, spec.accept_drafts_no_bonus],
     ),
+    "12.token_mask": (
+        structured.token_mask_right,
+        [
+            structured.token_mask_prefix_match,
+            structured.token_mask_no_stop,
+            structured.token_mask_stop_always,
+            structured.token_mask_empty_allowed,
+        ],
+    ),
 }
 
 
@@ -145,6 +154,10 @@ def test_the_packages_own_load_code_passes_the_load_checks() -> None:
         ("10.ngram", spec.propose_drafts_without_overlap, "may overlap the last n tokens"),
         ("10.verify", spec.accept_drafts_resample_full, "draw from p WITHOUT the draft"),
         ("10.verify", spec.accept_drafts_no_bonus, "then append the argmax"),
+        ("12.token_mask", structured.token_mask_prefix_match, "re.match asks whether the pattern matches"),
+        ("12.token_mask", structured.token_mask_no_stop, "the stop tokens may come next exactly when"),
+        ("12.token_mask", structured.token_mask_stop_always, "a stop token only after a whole match"),
+        ("12.token_mask", structured.token_mask_empty_allowed, "a token without text"),
         ("02.free_queue", memory.FreeQueueKeepsLinks, "a block out of the queue has no links"),
         ("02.free_queue", memory.FreeQueueList, "a block in the queue links to its neighbours"),
         ("02.free_queue", memory.FreeQueueScans, "never scan the queue"),

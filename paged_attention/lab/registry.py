@@ -188,6 +188,18 @@ _ALL = (
         minutes=25,
         references=("verify_greedy", "verify_sampled"),
     ),
+    Exercise(
+        "12.token_mask",
+        "12_structured_outputs.ipynb",
+        "A grammar's token mask, by brute force",
+        "return the ids whose text keeps a match of pattern possible after text, and the stop ids after a "
+        "whole match",
+        ("token_mask",),
+        "checks_structured:token_mask",
+        "import regex\n",
+        minutes=20,
+        references=("allowed_tokens",),
+    ),
 )
 
 EXERCISES: dict[str, Exercise] = {e.exercise_id: e for e in _ALL}

@@ -32,7 +32,8 @@ from typing import Any
 from .checking import CheckFailed
 
 #: Where drivers live: modules under :mod:`paged_attention.lab`.
-DRIVER_MODULES = ("checks_memory", "checks_kernels", "checks_serving", "checks_load", "checks_spec")
+DRIVER_MODULES = ("checks_memory", "checks_kernels", "checks_serving", "checks_load", "checks_spec",
+                  "checks_structured")  # fmt: skip
 
 
 def driver(function: Callable[..., Any]) -> Callable[..., Any]:

@@ -11,6 +11,7 @@
 - :mod:`.serving`: latency against request rate through the real server, per manager (measured).
 - :mod:`.diagrams`: the sentinel-linked free queue, the states of a request.
 - :mod:`.speculative`: speculative decoding's measured speedup, acceptance by draft position.
+- :mod:`.structured`: a grammar's token mask, step by step (how many tokens it allows).
 - :mod:`.dtypes`: a decode step in float32 and bfloat16 against the weight-read bound (measured).
 - :mod:`.memory_map`: the same memory maps as text.
 - :mod:`.tables`: results as plain-text tables.
@@ -30,6 +31,7 @@ from . import (
     serving,
     sharing,
     speculative,
+    structured,
     style,
     tables,
 )
@@ -51,6 +53,7 @@ __all__ = [
     "sharing",
     "speculative",
     "stored_results",
+    "structured",
     "style",
     "tables",
 ]

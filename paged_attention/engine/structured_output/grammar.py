@@ -119,6 +119,7 @@ class Grammar:
         self._matcher = compiler.matcher(compiled)
         self._consumed: list[int] = []  # the output tokens the matcher has seen, in order
         self._pushed: list[bool] = []  # whether each was fed to it (not after it terminated)
+        self._refused: list[int] = []  # positions of tokens it refused (none, unless the mask was bypassed)
         self._saved: int | None = None  # tokens seen when the open step began
 
     def fork(self) -> Grammar:
@@ -133,6 +134,12 @@ class Grammar:
     @property
     def is_terminated(self) -> bool:
         return bool(self._matcher.is_terminated())
+
+    @property
+    def is_valid(self) -> bool:
+        """Whether every token it has seen was allowed where it came: the text is a match, or the
+        beginning of one (tokens after a stop token are not asked)."""
+        return not self._refused
 
     def mask(self, output_token_ids: Sequence[int]) -> torch.Tensor | None:
         """The tokens allowed after ``output_token_ids`` (bool ``[vocab_size]``); ``None`` once a
@@ -167,6 +174,7 @@ class Grammar:
         if pushed:
             self._matcher.rollback(pushed)
         del self._consumed[num_tokens:], self._pushed[num_tokens:]
+        self._refused = [i for i in self._refused if i < num_tokens]
 
     # -- a step is a transaction (begun, committed, rolled back by its sequence) ----------------------
     def begin(self) -> None:
@@ -186,7 +194,10 @@ class Grammar:
         if n > len(output_token_ids) or (n and consumed[-1] != output_token_ids[n - 1]):
             self.rollback_to(0)  # not a continuation of what it saw (never the case in the engine)
         for token in output_token_ids[len(consumed) :]:
-            pushed = not self._matcher.is_terminated() and bool(self._matcher.accept_token(token))
+            asked = not self._matcher.is_terminated()
+            pushed = asked and bool(self._matcher.accept_token(token))
+            if asked and not pushed:
+                self._refused.append(len(consumed))
             consumed.append(token)
             self._pushed.append(pushed)
 
