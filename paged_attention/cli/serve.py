@@ -27,6 +27,7 @@ from ..engine.llm_engine import LLMEngine
 from ..serving import AsyncLLM, build_app
 from ..serving.authentication import api_keys
 from ..serving.launch import LOCALHOST, run
+from ..serving.tools import PARSERS, TEMPLATES
 from ._threads import set_threads
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -60,7 +61,18 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--preemption-mode", choices=("recompute", "swap"), default="recompute")
     p.add_argument("--no-enable-prefix-caching", action="store_true")
-    p.add_argument("--chat-template", default=None, help="a Jinja file for models without a template")
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        help="a Jinja file replacing the model's template, or a shipped one by name: chatml-tools (SmolLM2's "
+        "format with tools in the Hermes format, for --tool-call-parser hermes)",
+    )
+    p.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="answer chats with tools with tool calls (vLLM's flag; needs --tool-call-parser)",
+    )
+    p.add_argument("--tool-call-parser", choices=PARSERS, default=None, help="how tool calls are written")
     p.add_argument("--dtype", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -142,7 +154,11 @@ def main(args: list[str] | None = None) -> None:
         where = f"in its own process (pid {llm.client.info['pid']})"
         where += bind_cores(llm.client.info["pid"], threads)
     template = None
-    if opts.chat_template:
+    if opts.enable_auto_tool_choice and not opts.tool_call_parser:
+        raise SystemExit("--enable-auto-tool-choice requires --tool-call-parser (vLLM's rule)")
+    if opts.chat_template in TEMPLATES:
+        template = TEMPLATES[opts.chat_template].read_text()
+    elif opts.chat_template:
         with open(opts.chat_template) as f:
             template = f.read()
     elif not getattr(llm.tokenizer, "chat_template", None):
@@ -159,7 +175,10 @@ def main(args: list[str] | None = None) -> None:
     keys = api_keys(opts.api_key)
     if keys:
         print(f"the /v1 routes ask for one of {len(keys)} API key(s)", flush=True)
-    app = build_app(llm, name, template, keys)
+    tool_parser = opts.tool_call_parser if opts.enable_auto_tool_choice else None  # both, as in vLLM
+    if tool_parser:
+        print(f'"auto" tool choice enabled: tool calls parsed as {tool_parser}', flush=True)
+    app = build_app(llm, name, template, keys, tool_parser)
     # vLLM's freeze_gc_heap, as its server does at start: what exists now (torch, transformers, the
     # tokenizer: millions of objects) lives as long as the server, so the collector's oldest-generation
     # passes stop walking it; each such pass otherwise paused the event loop, and with it the requests

@@ -64,7 +64,10 @@ def _check_conversation(conversation: object, where: str) -> list[dict[str, str]
         role = message["role"]
         if not isinstance(role, str) or not role:
             raise ValueError(f"{at}: 'role' must be a non-empty str such as 'user', got {role!r}")
-        checked.append({**message, "role": role, "content": _content_text(message["content"], at)})
+        content = message["content"]
+        if content is None and message.get("tool_calls"):  # an assistant's tool calls, no text (OpenAI's)
+            content = ""
+        checked.append({**message, "role": role, "content": _content_text(content, at)})
     return checked
 
 

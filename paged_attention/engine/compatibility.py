@@ -119,10 +119,18 @@ ROWS = [
         "`structured_outputs=StructuredOutputsParams(json=..., regex=..., choice=..., grammar=..., "
         "json_object=True)`",
         "same",
-        "xgrammar, vLLM's default backend (`disable_any_whitespace`, `disable_additional_properties` too); "
-        "greedy output token for token equal to transformers' `generate` with xgrammar's logits processor; "
-        "grammars in xgrammar's EBNF (not Lark); `structural_tag`, `whitespace_pattern` refused",
+        "xgrammar, vLLM's default backend; greedy output token for token equal to transformers' `generate` "
+        "with xgrammar's logits processor, and to vLLM's (`make crosscheck`); grammars in xgrammar's EBNF "
+        "(vLLM also converts Lark); `structural_tag`, `whitespace_pattern` refused",
         "tests/test_structured_output.py::test_greedy_equals_transformers_generate_with_xgrammars_logits_processor",
+    ),
+    Row(
+        "`StructuredOutputsParams(disable_any_whitespace=..., disable_additional_properties=...)`",
+        "differs",
+        "honoured per request here: compact JSON, and objects closed where the schema says nothing; vLLM "
+        "0.32's xgrammar backend reads only the engine-wide `structured_outputs_config` for the first and "
+        "its guidance backend alone the second",
+        "tests/test_structured_output.py::test_every_sample_matches_its_constraint",
     ),
     Row(
         "`detokenize=False`",

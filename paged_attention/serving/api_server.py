@@ -45,11 +45,16 @@ log = logging.getLogger("paged_attention.serving")
 
 
 def build_app(
-    llm: AsyncLLM, model_name: str, chat_template: str | None = None, api_keys: Sequence[str] = ()
+    llm: AsyncLLM,
+    model_name: str,
+    chat_template: str | None = None,
+    api_keys: Sequence[str] = (),
+    tool_parser: str | None = None,
 ) -> FastAPI:
     """The server's app over ``llm`` (started and stopped with the app's lifespan), answering to
     ``model_name``; ``chat_template`` replaces the tokenizer's own (needed by models without one);
-    with ``api_keys``, the ``/v1`` routes ask for one of them (:mod:`.authentication`)."""
+    with ``api_keys``, the ``/v1`` routes ask for one of them (:mod:`.authentication`); with
+    ``tool_parser`` (``"hermes"``), chats with ``tools`` are answered with tool calls (:mod:`.tools`)."""
     tokenizer = copy.deepcopy(llm.tokenizer)  # the front's own (a core on a thread uses its copy)
     defaults = dict(llm.sampling_defaults)
     max_model_len = llm.max_model_len
@@ -117,18 +122,19 @@ def build_app(
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, raw: Request) -> Response:
         check_model(body.model)
-        params = body.to_sampling_params(defaults)
+        params = body.to_sampling_params(defaults, tool_parser)
         prompt = render(
             tokenizer,
             body.messages,
             body.add_generation_prompt,
             body.continue_final_message,
             chat_template,
-            body.chat_template_kwargs,
+            body.template_kwargs(),
         )
         records = [Prompt(tokenizer.decode)]
+        calls = tool_parser is not None and body.tool_mode(tool_parser) not in (None, "none")
         return await _serve(
-            raw, llm, [prompt], params, body, "chatcmpl", "chat.completion", model_name, records
+            raw, llm, [prompt], params, body, "chatcmpl", "chat.completion", model_name, records, calls
         )
 
     # -- vLLM's extra routes -------------------------------------------------------------------------------
@@ -173,13 +179,15 @@ async def _serve(
     kind: str,
     model_name: str,
     records: list[Prompt],
+    tool_calls: bool = False,
 ) -> Response:
-    """Add every prompt, then stream or gather their outputs (see the module docstring)."""
+    """Add every prompt, then stream or gather their outputs (see the module docstring);
+    ``tool_calls``: parse each chat answer for tool calls (:mod:`.tools`)."""
     response_id = new_id(prefix)
     chat = kind == "chat.completion"
     streams = await _add_all(llm, prompts, params, response_id, "messages" if chat else "prompt")
     choices = [
-        Choice(i * params.n + j, chat, params.logprobs, records[i])
+        Choice(i * params.n + j, chat, params.logprobs, records[i], tools=tool_calls)
         for i in range(len(prompts))
         for j in range(params.n)
     ]

@@ -4,7 +4,7 @@ Types are checked strictly (``"temperature": "0.7"`` is refused, as a number is 
 are checked where the offline API checks them, by :class:`~paged_attention.engine.params.SamplingParams`
 and ``LLMEngine.add_request``, so that the server and ``LLM.generate`` accept and refuse the same
 things. Fields the server does not know are ignored, as vLLM ignores them; the ones it knows but
-cannot honour (``suffix``, ``tools``) are refused by name.
+cannot honour (``suffix``) are refused by name; ``tools`` as ``vllm serve`` takes them (:mod:`.tools`).
 
 Structured outputs: vLLM's ``structured_outputs`` object (``json``, ``regex``, ``choice``, ``grammar``,
 ``json_object`` and its options) on both endpoints, and OpenAI's ``response_format`` (``text``,
@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.params import RequestOutputKind, SamplingParams
 from ..engine.structured_output.params import CONSTRAINTS, StructuredOutputsParams
+from . import tools
 from .errors import APIError, engine_error
 
 
@@ -99,8 +100,7 @@ class _Generation(BaseModel):
                 logit_bias=_logit_bias(self.logit_bias),
                 logprobs=logprobs,
                 output_kind=RequestOutputKind.DELTA,
-                structured_outputs=self.constraint(),
-                **extra,
+                **{"structured_outputs": self.constraint(), **extra},
             )
         except (ValueError, TypeError) as err:
             raise engine_error(err) from err
@@ -210,15 +210,31 @@ class ChatCompletionRequest(_Generation):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
-    def to_sampling_params(self, defaults: dict[str, Any]) -> SamplingParams:
-        if self.tools:
-            raise APIError("tools (function calling) are not supported by this server", 400, "tools")
+    def tool_mode(self, parser: str | None) -> str | dict | None:
+        """The ``tool_choice`` in force, checked (:func:`.tools.check`): a 400 if the server cannot."""
+        return tools.check(self.tools, self.tool_choice, parser)
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """What the chat template is given beside the messages: ``chat_template_kwargs``, and the tools."""
+        return {**(self.chat_template_kwargs or {}), **({"tools": self.tools} if self.tools else {})}
+
+    def to_sampling_params(self, defaults: dict[str, Any], parser: str | None = None) -> SamplingParams:
+        """A forced tool choice (``"required"``, or a named tool) constrains the answer to one call
+        (:func:`.tools.forced_grammar`), as vLLM forces it, whatever ``response_format`` said."""
+        choice = self.tool_mode(parser)
+        extra: dict[str, Any] = {}
+        if choice == "required" or isinstance(choice, dict):
+            grammar = tools.forced_grammar(self.tools or [], choice)
+            extra["structured_outputs"] = StructuredOutputsParams(grammar=grammar)
         if self.top_logprobs and not self.logprobs:
             raise APIError("top_logprobs needs logprobs set to true", 400, "top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self.sampling_params(defaults, max_tokens, logprobs, prompt_logprobs=self.prompt_logprobs)
+        prompt_logprobs = self.prompt_logprobs
+        return self.sampling_params(defaults, max_tokens, logprobs, prompt_logprobs=prompt_logprobs, **extra)
 
 
 class TokenizeRequest(BaseModel):

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..engine.outputs import CompletionOutput, RequestOutput
 from ..engine.sample.logprobs import Logprob
+from .tools import holding, parse_hermes
 
 #: JSON has no -inf: a token the filters removed gets this log-probability (vLLM's value).
 MIN_LOGPROB = -9999.0
@@ -102,6 +103,8 @@ class Choice:
     echoed: bool = False
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    tools: bool = False  # parse Hermes tool calls from the answer (:mod:`.tools`)
+    sent: int = 0  # with tools, streaming: the characters of `text` sent as content so far
 
     def add(self, delta: CompletionOutput, output: RequestOutput | None = None) -> dict[str, Any] | None:
         """Take one delta; return the stream chunk's choice for it (``None`` if it adds nothing:
@@ -129,6 +132,8 @@ class Choice:
         if not text and not ids and delta.finish_reason is None:
             return None
         logprobs = self._logprobs(ids, new_logprobs, first_text_offset)
+        if self.chat and self.tools:
+            return self._tool_chunk(delta, logprobs)
         if self.chat:
             return {
                 "index": self.index,
@@ -154,10 +159,34 @@ class Choice:
             "finish_reason": self.finish_reason,
             "stop_reason": self.stop_reason,
         }
+        if self.chat and self.tools:
+            content, calls = parse_hermes(self.text)
+            if calls:  # vLLM: an empty string beside the calls, and the reason says so
+                message = {"role": "assistant", "content": content or "", "tool_calls": calls}
+                return {**base, "finish_reason": "tool_calls", "message": message}
         if self.chat:
             return {**base, "message": {"role": "assistant", "content": self.text}}
         prompt = self.prompt.prompt_logprobs if self.prompt is not None else None
         return {**base, "text": self.text, "prompt_logprobs": prompt_logprobs_json(prompt)}
+
+    def _tool_chunk(self, delta: CompletionOutput, logprobs: Any) -> dict[str, Any]:
+        """A streamed chunk when the answer may hold tool calls: text up to a ``<tool_call>`` is sent
+        as content; the calls, whole, with the last chunk (``finish_reason`` ``"tool_calls"``); an
+        answer whose calls do not parse sends the rest of its text as content instead."""
+        reason = delta.finish_reason
+        part: dict[str, Any] = {"index": self.index, "delta": {}, "logprobs": logprobs,
+                                "finish_reason": reason, "stop_reason": delta.stop_reason}  # fmt: skip
+        calls: list[dict] = []
+        if delta.finish_reason is not None:
+            _, calls = parse_hermes(self.text)
+        end = holding(self.text) if delta.finish_reason is None or calls else len(self.text)
+        if end > self.sent:
+            part["delta"]["content"] = self.text[self.sent : end]
+            self.sent = end
+        if calls:
+            part["delta"]["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+            part["finish_reason"] = "tool_calls"
+        return part
 
     def _logprobs(
         self, token_ids: list[int], entries: list[dict[int, Logprob] | None], text_offset: int
