@@ -15,6 +15,9 @@ import paged_attention  # noqa: F401  first: it chooses Triton's interpreter bef
 os.environ.setdefault(
     "PAGED_ATTENTION_FIGURES", str(Path(tempfile.gettempdir()) / "paged-attention-test-figures")
 )
+# litellm fetches its model price list from GitHub when imported, unless told to use its own copy:
+# tests send traffic to 127.0.0.1 only.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 settings.register_profile("dev", deadline=None, max_examples=100)
 settings.register_profile(

@@ -49,6 +49,26 @@ SEEDED = {
     "all_filters_logprobs": dict(temperature=0.6, top_p=0.5, top_k=5, min_p=0.01, seed=123, logprobs=2),
 }
 
+#: Structured outputs (xgrammar in both engines): ``(name, StructuredOutputsParams fields, case kind)``.
+#: Not ``disable_any_whitespace``: vLLM 0.32's xgrammar backend reads only the engine-wide setting.
+STRUCTURED = [
+    (
+        "json schema",
+        {
+            "json": {
+                "type": "object",
+                "properties": {"answer": {"type": "string"}, "confidence": {"type": "integer"}},
+                "required": ["answer", "confidence"],
+            }
+        },
+        "chat",
+    ),
+    ("json object", {"json_object": True}, "chat"),
+    ("regex", {"regex": r"[A-Z][a-z]+ (is|are) [a-z ]{3,20}\."}, "generate"),
+    ("choice", {"choice": ["yes", "no", "it depends"]}, "chat"),
+    ("grammar", {"grammar": 'root ::= num (" + " num)* " = " num\nnum ::= [1-9] [0-9]*'}, "generate"),
+]
+
 #: ``SamplingParams`` fields whose defaults must agree.
 DEFAULT_FIELDS = [
     "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "top_k",
@@ -139,6 +159,13 @@ def cases(model: str, max_tokens: int = 32) -> dict[str, Any]:
             "params": dict(temperature=0, max_tokens=4),
         },
     ]
+    for name, constraint, kind in STRUCTURED:
+        inputs = {"prompts": COMPLETIONS[:4]} if kind == "generate" else {"conversations": CHATS[:4]}
+        params = dict(temperature=0, max_tokens=48, structured_outputs=constraint)
+        spec.append({"name": f"structured {name}", "kind": kind, **inputs, "params": params})
+    params = dict(SEEDED["top_p"], max_tokens=48, structured_outputs=STRUCTURED[0][1])
+    chats = {"conversations": CHATS[:4]}
+    spec.append({"name": "structured json, seeded", "kind": "chat", **chats, "params": params})
     for name, params in SEEDED.items():
         spec.append({"name": f"seeded {name}, completions", "kind": "generate", "prompts": COMPLETIONS[:6],
                      "params": dict(params, max_tokens=max_tokens)})  # fmt: skip

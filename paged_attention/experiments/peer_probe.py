@@ -7,7 +7,8 @@ package at the top, so that vLLM's own virtual environment can run the file as i
 
 A case is ``{"name", "kind", ...}``:
 
-* ``generate``: ``prompts`` (strings or ``{"prompt_token_ids": [...]}``) and ``params``;
+* ``generate``: ``prompts`` (strings or ``{"prompt_token_ids": [...]}``) and ``params`` (whose
+  ``structured_outputs``, a dict, becomes each engine's ``StructuredOutputsParams``);
 * ``chat``: ``conversations`` (lists of messages) and ``params``;
 * ``repr``: ``params``; the answer is ``repr(SamplingParams(**params))``;
 * ``defaults``: the answer is each named field of ``SamplingParams()``;
@@ -81,6 +82,12 @@ def _answer(llm: Any, sampling_params: Any, case: dict[str, Any]) -> Any:
     kwargs = dict(case["params"])
     if "logit_bias" in kwargs:  # JSON keys are strings; the offline API takes token ids
         kwargs["logit_bias"] = {int(k): v for k, v in kwargs["logit_bias"].items()}
+    if "structured_outputs" in kwargs:  # a dict in JSON; both engines take a StructuredOutputsParams
+        if type(llm).__module__.startswith("vllm"):
+            from vllm.sampling_params import StructuredOutputsParams
+        else:
+            from paged_attention import StructuredOutputsParams
+        kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
     params = sampling_params(**kwargs)
     if kind == "throughput":
         llm.generate(case["warmup"], params, use_tqdm=False)

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server (FastAPI + uvicorn, the stack of ``vllm serve``).
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both stream with server-sent
-events when ``"stream": true``, ending with ``data: [DONE]``), ``GET /v1/models``, ``GET /health``,
+events when ``"stream": true``, ending with ``data: [DONE]``), ``POST /v1/responses``
+(:mod:`.responses_api`), ``GET /v1/models``, ``GET /health``,
 ``POST /tokenize`` and ``POST /detokenize`` (:mod:`.tokenization`), ``GET /metrics`` (Prometheus),
 ``GET /version``.
 
@@ -20,7 +21,7 @@ import asyncio
 import copy
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -30,15 +31,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from .. import __version__
-from ..engine.async_llm import AsyncLLM, EngineOverloaded, RequestStream
-from ..engine.core_client import EngineDeadError
-from ..engine.outputs import RequestOutput
+from ..engine.async_llm import AsyncLLM, RequestStream
 from ..engine.params import SamplingParams
 from .authentication import AuthenticationMiddleware
-from .errors import APIError, engine_error, error_body
+from .errors import APIError, error_body
 from .metrics import CONTENT_TYPE, prometheus_text
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .responses import Choice, Prompt, envelope, new_id, prompt_logprobs_json, usage
+from .responses_api import responses_routes
+from .streams import add_all, disconnected, merged, sse, until_disconnect
 from .tokenization import render, tokenizer_routes
 
 log = logging.getLogger("paged_attention.serving")
@@ -152,6 +153,7 @@ def build_app(
         return Response(prometheus_text(records, model_name), media_type=CONTENT_TYPE)
 
     app.include_router(tokenizer_routes(tokenizer, chat_template, max_model_len, check_model))
+    app.include_router(responses_routes(llm, tokenizer, chat_template, model_name, defaults, check_model))
     return app
 
 
@@ -185,7 +187,7 @@ async def _serve(
     ``tool_calls``: parse each chat answer for tool calls (:mod:`.tools`)."""
     response_id = new_id(prefix)
     chat = kind == "chat.completion"
-    streams = await _add_all(llm, prompts, params, response_id, "messages" if chat else "prompt")
+    streams = await add_all(llm, prompts, params, response_id, "messages" if chat else "prompt")
     choices = [
         Choice(i * params.n + j, chat, params.logprobs, records[i], tools=tool_calls)
         for i in range(len(prompts))
@@ -210,12 +212,12 @@ async def _serve(
         return StreamingResponse(events, media_type="text/event-stream")
 
     async def gather() -> None:
-        async for index, output in _merged(streams):
+        async for index, output in merged(streams):
             prompt_tokens[index] = len(output.prompt_token_ids)
             for delta in output.outputs:
                 choices[index * params.n + delta.index].add(delta, output)
 
-    if not await _until_disconnect(raw, gather, streams):
+    if not await until_disconnect(raw, gather, streams):
         return Response(status_code=499)  # nginx's "client closed request": never sent, nobody reads it
     completion_tokens = sum(len(c.token_ids) for c in choices)
     return JSONResponse(
@@ -226,90 +228,6 @@ async def _serve(
             **({"prompt_logprobs": prompt_logprobs_json(records[0].prompt_logprobs)} if chat else {}),
         }
     )
-
-
-async def _add_all(
-    llm: AsyncLLM, prompts: list[Any], params: SamplingParams, response_id: str, prompt_field: str
-) -> list[RequestStream]:
-    """One engine request per prompt, all or none: a refused prompt aborts those already added."""
-    streams: list[RequestStream] = []
-    try:
-        llm.check_admission()  # once per client call: its prompts are admitted together
-        for i, prompt in enumerate(prompts):
-            try:
-                streams.append(await llm.add_request(prompt, params, f"{response_id}-{i}", admitted=True))
-            except (ValueError, TypeError) as err:
-                error = engine_error(err, prompt_field)
-                if len(prompts) > 1:
-                    error.message = f"prompt {i}: {error.message}"
-                raise error from err
-    except (EngineOverloaded, EngineDeadError) as err:  # come back later
-        raise APIError(str(err), 503) from err
-    except BaseException:
-        for stream in streams:
-            stream.close()
-        raise
-    return streams
-
-
-async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """The outputs of several streams as they come, each with its stream's index."""
-    if len(streams) == 1:
-        async for output in streams[0]:
-            yield 0, output
-        return
-    merged: asyncio.Queue = asyncio.Queue()
-
-    async def pump(index: int, stream: RequestStream) -> None:
-        try:
-            async for output in stream:
-                await merged.put((index, output))
-        except BaseException as err:
-            await merged.put((index, err))
-        finally:
-            await merged.put((index, None))
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        open_streams = len(streams)
-        while open_streams:
-            index, item = await merged.get()
-            if item is None:
-                open_streams -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()
-
-
-async def _until_disconnect(
-    raw: Request, work: Callable[[], Awaitable[None]], streams: list[RequestStream]
-) -> bool:
-    """Run ``work``; if the client disconnects first, close (abort) ``streams`` and stop. Returns
-    whether ``work`` finished (false: the client is gone and nobody reads an answer)."""
-    task = asyncio.ensure_future(work())
-    watcher = asyncio.ensure_future(_disconnected(raw))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not task.done():
-            task.cancel()
-            for stream in streams:
-                stream.close()
-        watcher.cancel()
-    if not task.done():  # cancelled just now (it ends at its next await): the client went away
-        return False
-    task.result()
-    return True
-
-
-async def _disconnected(raw: Request) -> None:
-    """Return when the client goes away (the body was read: what comes next is the disconnect)."""
-    while (await raw.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _events(
@@ -328,11 +246,11 @@ async def _events(
     unfinished) whatever ends it, a client disconnect included."""
     head = envelope(kind, response_id, model_name)
     chat = kind.startswith("chat")
-    watcher = asyncio.ensure_future(_disconnected(raw))
+    watcher = asyncio.ensure_future(disconnected(raw))
     watcher.add_done_callback(lambda w: w.cancelled() or [s.close() for s in streams])
     role_due = chat
     try:
-        async for index, output in _merged(streams):
+        async for index, output in merged(streams):
             if role_due:  # the assistant's role, one chunk per choice, with the first output (as vLLM)
                 role_due = False
                 for choice in choices:
@@ -342,7 +260,7 @@ async def _events(
                         "logprobs": None,
                         "finish_reason": None,
                     }
-                    yield _sse({**head, "choices": [role]})
+                    yield sse({**head, "choices": [role]})
             prompt_tokens[index] = len(output.prompt_token_ids)
             for delta in output.outputs:
                 choice = choices[index * n + delta.index]
@@ -352,9 +270,9 @@ async def _events(
                 chunk = {**head, "choices": [part]}
                 if continuous:  # vLLM's: the usage so far of this chunk's choice (its prompt, its tokens)
                     chunk["usage"] = usage(prompt_tokens[index], len(choice.token_ids))
-                yield _sse(chunk)
+                yield sse(chunk)
         if include_usage:
-            yield _sse(
+            yield sse(
                 {
                     **head,
                     "choices": [],
@@ -362,13 +280,9 @@ async def _events(
                 }
             )
     except (APIError, RuntimeError) as err:  # the engine failed mid-stream: say so in the stream
-        yield _sse(error_body(str(err), getattr(err, "status", 500)))
+        yield sse(error_body(str(err), getattr(err, "status", 500)))
     finally:
         watcher.cancel()
         for stream in streams:
             stream.close()
     yield "data: [DONE]\n\n"
-
-
-def _sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
