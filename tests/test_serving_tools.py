@@ -6,6 +6,7 @@ without a parser except ``tool_choice: "none"``; with ``hermes``, calls parsed f
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import jsonschema
@@ -38,8 +39,12 @@ TIME = {
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
+ENGINES: dict[str | None, LLMEngine] = {}
+
+
 def served(tool_parser: str | None) -> Iterator[str]:
-    llm = AsyncLLM(LLMEngine(None, num_kv_blocks=NUM_KV_BLOCKS * 8))  # the tools' text: ~500 tiny tokens
+    engine = ENGINES[tool_parser] = LLMEngine(None, num_kv_blocks=NUM_KV_BLOCKS * 8)  # tools: ~500 tokens
+    llm = AsyncLLM(engine)
     app = build_app(llm, MODEL, TEMPLATES["chatml-tools"].read_text(), (), tool_parser)
     server = ServerThread(app)
     with ErrorLog() as errors:
@@ -171,6 +176,37 @@ def test_a_conversation_with_a_tool_result_is_answered(hermes) -> None:
     ]
     answer = hermes.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], max_tokens=6)
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_a_call_cut_short_by_max_tokens_is_text_and_nothing_leaks(hermes) -> None:
+    """A forced call that runs out of tokens before it closes: plain content (its JSON does not
+    parse), finish_reason length, as vLLM's hermes parser answers; every block back in the pool."""
+    answer = hermes.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=10, temperature=0
+    )
+    choice = answer.choices[0]
+    assert choice.finish_reason == "length" and choice.message.tool_calls is None
+    assert choice.message.content.startswith("<tool_call>")
+    stream = hermes.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice="required",
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+    )
+    chunks = [c for c in stream if c.choices]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == choice.message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
+    engine = ENGINES["hermes"]
+    deadline = time.monotonic() + 10
+    while (
+        engine.cache_manager.num_free_blocks != engine.cache_manager.num_blocks
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    assert engine.cache_manager.num_free_blocks == engine.cache_manager.num_blocks
 
 
 @pytest.mark.parametrize(

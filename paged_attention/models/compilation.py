@@ -117,6 +117,10 @@ def cpp_compiler() -> str | None:
         return None
 
 
+#: Compiled entries a code object may hold (dynamo's default is 8): see :func:`compile_model`.
+RECOMPILE_LIMIT = 1024
+
+
 def compile_model(module: torch.nn.Module) -> Callable[..., Any]:
     """``module`` (a transformers base model) compiled as the module docstring says; call it with
     ``input_ids`` and ``position_ids`` of shape ``[1, tokens]`` (and any other keyword the base model
@@ -139,7 +143,15 @@ def compile_model(module: torch.nn.Module) -> Callable[..., Any]:
             for tensor in (input_ids, position_ids, mask):
                 torch._dynamo.decorators.mark_unbacked(tensor, 1)  # any token count, one graph
             stance = "default" if calls == 1 else "fail_on_recompile"
-            with torch._inductor.config.patch(INDUCTOR_OPTIONS), torch.compiler.set_stance(stance):
+            # Every engine compiles the same transformers forward (one code object for all models of
+            # a class): dynamo's limit of 8 compiled entries per code object would stop the ninth
+            # engine of a process (a notebook, a test run) from compiling at all.
+            limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+            with (
+                torch._inductor.config.patch(INDUCTOR_OPTIONS),
+                torch._dynamo.config.patch(recompile_limit=limit),
+                torch.compiler.set_stance(stance),
+            ):
                 return compiled(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)
         with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
             return compiled(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)
