@@ -10,6 +10,8 @@ The rooms follow vLLM v1's tree (``vllm/v1/...``), so each of our files has its 
                   (v1/sample/)              bad words), logprobs, gumbel, rejection (verifying drafts)
     spec_decode/  speculative decoding      speculative (its config), ngram (drafts), speculation
                   (v1/spec_decode/)
+    structured_output/  constraints as masks   params (StructuredOutputsParams), grammar (xgrammar's
+                  (v1/structured_output/)   compiler and a matcher per sequence), reference (brute force)
 
 The request and what it asks for (v1/request.py, sampling_params.py, outputs.py)::
 

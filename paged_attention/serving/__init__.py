@@ -5,6 +5,9 @@
     errors     OpenAI's error body; which field an engine error is about
     metrics    GET /metrics: the engine's metrics in Prometheus' format, vLLM's names
     authentication  --api-key: the /v1 routes ask for a bearer key, as vLLM's
+    tools      tool_choice checked as vLLM checks it; Hermes tool calls parsed, or forced by a grammar
+    responses_api  POST /v1/responses for text: the response object and its typed stream events
+    streams    a request's prompts added, their streams merged, aborted when the client goes away
     api_server the FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /health, /tokenize
     launch     running it: in the foreground, in a thread (tests), as a child process (notebooks)
 
