@@ -13,11 +13,12 @@ import re
 
 import jsonschema
 import pytest
+import regex
 import torch
 import xgrammar
 
 from paged_attention import LLM, SamplingParams, StructuredOutputsParams
-from paged_attention.engine.structured_output.grammar import Grammar, choice_grammar, unpack_bitmask
+from paged_attention.engine.structured_output.grammar import Grammar, choice_grammar, is_lark, unpack_bitmask
 from paged_attention.models import DEFAULT_MODEL_NAME, load_model, load_tokenizer
 
 SCHEMA = {
@@ -166,6 +167,36 @@ def test_a_grammar_follows_its_sequence_backwards_and_forwards(llm: LLM) -> None
     ahead = grammar.masks_ahead([], digits)
     assert len(ahead) == 4 and torch.equal(ahead[0], first) and torch.equal(ahead[3], after)
     assert grammar.num_consumed == 0  # masks_ahead leaves the matcher where it was
+
+
+def test_a_lark_grammar_is_taken_as_vllm_takes_it(llm: LLM) -> None:
+    lark = 'start: item ("," item)*\nitem: "red" | "green" | "blue"  // a comment'
+    constraint = StructuredOutputsParams(grammar=lark)
+    out = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=48, structured_outputs=constraint),
+                       use_tqdm=False)  # fmt: skip
+    for o in out:  # a whole match, or (cut by max_tokens) the beginning of one
+        finished = o.outputs[0].finish_reason == "stop"
+        assert regex.fullmatch(
+            r"(red|green|blue)(,(red|green|blue))*", o.outputs[0].text, partial=not finished
+        )
+    assert is_lark(lark) and not is_lark(GRAMMAR) and not is_lark("# only a comment ::= here\nroot ::= x")
+    with pytest.raises(ValueError, match=r"structured_outputs\.grammar could not be compiled: Lark error"):
+        llm.llm_engine.add_request(
+            "bad", "Hi", SamplingParams(structured_outputs=StructuredOutputsParams(grammar="start: ??"))
+        )
+
+
+def test_llm_chat_gives_the_tools_to_the_template(llm: LLM) -> None:
+    template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        "{% if tools %} [{{ tools[0]['function']['name'] }}]{% endif %}"
+    )
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    params = SamplingParams(max_tokens=1)
+    with_tools = llm.chat(
+        [{"role": "user", "content": "hi"}], params, use_tqdm=False, chat_template=template, tools=tools
+    )
+    assert with_tools[0].prompt == "hi [lookup]"
 
 
 def test_choice_grammar_escapes_quotes_and_backslashes() -> None:

@@ -121,7 +121,7 @@ ROWS = [
         "same",
         "xgrammar, vLLM's default backend; greedy output token for token equal to transformers' `generate` "
         "with xgrammar's logits processor, and to vLLM's (`make crosscheck`); grammars in xgrammar's EBNF "
-        "(vLLM also converts Lark); `structural_tag`, `whitespace_pattern` refused",
+        "or in Lark (converted by xgrammar, as vLLM does); `structural_tag`, `whitespace_pattern` refused",
         "tests/test_structured_output.py::test_greedy_equals_transformers_generate_with_xgrammars_logits_processor",
     ),
     Row(
@@ -131,6 +131,13 @@ ROWS = [
         "0.32's xgrammar backend reads only the engine-wide `structured_outputs_config` for the first and "
         "its guidance backend alone the second",
         "tests/test_structured_output.py::test_every_sample_matches_its_constraint",
+    ),
+    Row(
+        "`LLM.chat(..., tools=[...])`",
+        "same",
+        "the tools go to the chat template; the answer is text (tool calls are parsed by the server: "
+        "`serve --enable-auto-tool-choice --tool-call-parser hermes`)",
+        "tests/test_structured_output.py::test_llm_chat_gives_the_tools_to_the_template",
     ),
     Row(
         "`detokenize=False`",

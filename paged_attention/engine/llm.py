@@ -126,19 +126,24 @@ class LLM:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Answer one conversation or a list of them (vLLM's ``LLM.chat``); one output each, in order.
 
         A conversation is a list of ``{"role": ..., "content": ...}`` dicts. Each is rendered by the
-        tokenizer's chat template (or ``chat_template``) and served like :meth:`generate`; the output's
-        ``prompt`` is the rendered text. Malformed messages raise ``TypeError``/``ValueError`` naming
-        the conversation and message, before any work starts.
+        tokenizer's chat template (or ``chat_template``), given ``tools`` (OpenAI's function specs:
+        the template may show them to the model; as in vLLM, the answer is not parsed for calls),
+        and served like :meth:`generate`; the output's ``prompt`` is the rendered text. Malformed
+        messages raise ``TypeError``/``ValueError`` naming the conversation and message, before any
+        work starts.
         """
         from .chat import as_conversations, render_chat
 
         conversations = as_conversations(messages)
         tokenizer = self.get_tokenizer()
+        if tools is not None:
+            chat_template_kwargs = {**(chat_template_kwargs or {}), "tools": tools}
         prompts: list[Prompt] = [
             render_chat(
                 tokenizer,

@@ -55,6 +55,13 @@ def choice_grammar(choice: Sequence[str]) -> str:
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choice)
 
 
+def is_lark(grammar: str) -> bool:
+    """Whether a grammar is Lark rather than EBNF: no line defines a rule with ``::=`` (vLLM's
+    ``grammar_is_likely_lark``; comments, ``#`` or ``//``, left out)."""
+    lines = (re.sub(r"(#|//).*$", "", line).strip() for line in grammar.splitlines())
+    return bool(grammar.strip()) and not any("::=" in line for line in lines)
+
+
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """xgrammar's token bitmask (``int32 [ceil(vocab / 32)]``, bit ``i % 32`` of word ``i // 32``
     set when token ``i`` is allowed) as a boolean row ``[vocab_size]``."""
@@ -93,6 +100,8 @@ class GrammarCompiler:
                 compiled = compiler.compile_regex(params.regex)
             elif kind == "choice":
                 compiled = compiler.compile_grammar(choice_grammar(params.choice or []))
+            elif is_lark(params.grammar or ""):  # vLLM takes Lark too (xgrammar converts it)
+                compiled = compiler.compile_grammar(self._xgr.Grammar.from_lark(params.grammar))
             else:
                 compiled = compiler.compile_grammar(params.grammar)
         except (RuntimeError, ValueError, TypeError) as err:

@@ -2,7 +2,8 @@
 
 Exactly one constraint: ``json`` (a JSON schema, as a dict or its text), ``regex``, ``choice`` (a
 list of strings: the output is one of them), ``grammar`` (EBNF in xgrammar's dialect, GBNF-like:
-``root ::= ...``) or ``json_object`` (any JSON object: OpenAI's ``response_format: json_object``).
+``root ::= ...``, or Lark, ``start: ...``, as vLLM takes both) or ``json_object`` (any JSON
+object: OpenAI's ``response_format: json_object``).
 ``disable_any_whitespace`` makes JSON compact (no whitespace the schema does not need), as vLLM's
 option of that name; ``disable_additional_properties`` adds ``"additionalProperties": false`` to
 every object of a schema that says nothing about it. vLLM's ``structural_tag`` and
