@@ -144,3 +144,21 @@ def test_build_slot_mapping_concatenates_in_order():
     mapping = build_slot_mapping([a.append_tokens(3), b.append_tokens(1), [-1]])
     assert mapping.dtype == torch.int64
     assert mapping.tolist() == [0, 1, 2, 4, -1]
+
+
+def test_a_copy_on_write_below_reserved_blocks_rolls_back() -> None:
+    """A reserved table whose written tail is shared by a fork made mid-step: the copy-on-write
+    replaces an entry below the reserved ones, and the rollback puts it back (found in review)."""
+    allocator = BlockAllocator(8)
+    table = PageTable(allocator, 4)
+    table.append_tokens(6)
+    table.reserve(7)
+    before = (list(table.block_ids), table.num_tokens, [allocator.ref_count(b) for b in range(8)])
+    state = table.snapshot()
+    allocator.begin()
+    table.append_tokens(3)
+    table.fork()
+    assert table.append_tokens(1).copy is not None and table.block_ids[2] != before[0][2]
+    allocator.rollback()
+    table.restore(state)
+    assert (list(table.block_ids), table.num_tokens, [allocator.ref_count(b) for b in range(8)]) == before

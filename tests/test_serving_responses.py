@@ -4,6 +4,7 @@ events, cut answers are ``incomplete``, and what is not stored is a 404."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import openai
@@ -89,6 +90,21 @@ def test_streamed_events_come_in_vllms_order_and_add_up(client, offline_text) ->
     assert [e.sequence_number for e in events] == list(range(len(events)))
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == offline_text == events[-1].response.output_text
+
+
+def test_text_format_asks_for_structured_output(client) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    fmt = {"format": {"type": "json_schema", "name": "answer", "schema": schema}}
+    response = client.responses.create(
+        model=MODEL, input=QUESTION, text=fmt, max_output_tokens=64, temperature=0
+    )
+    assert response.status == "completed" and json.loads(response.output_text) in (
+        {"ok": True},
+        {"ok": False},
+    )
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input=QUESTION, text={"format": {"type": "xml"}})
+    assert caught.value.body["param"] == "text"
 
 
 def test_nothing_is_stored_so_a_previous_response_is_not_found(client) -> None:

@@ -6,6 +6,7 @@ without a parser except ``tool_choice: "none"``; with ``hermes``, calls parsed f
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 
@@ -141,6 +142,18 @@ def test_a_required_tool_choice_is_forced_into_one_valid_call(hermes) -> None:
         assert choice.finish_reason == "tool_calls" and choice.message.content == ""
         [call] = choice.message.tool_calls
         check_call(call, WEATHER if call.function.name == "get_weather" else TIME)
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call(hermes_url: str) -> None:
+    import httpx
+
+    two = '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>' * 2
+    body = {"model": MODEL, "messages": ASK, "tools": [TIME], "max_tokens": 200, "temperature": 0,
+            "structured_outputs": {"regex": re.escape(two)}}  # fmt: skip
+    for parallel, count in ((True, 2), (False, 1)):
+        request = {**body, "parallel_tool_calls": parallel}
+        answer = httpx.post(hermes_url + "/v1/chat/completions", json=request, timeout=60).json()
+        assert len(answer["choices"][0]["message"]["tool_calls"]) == count, answer
 
 
 def test_a_named_tool_choice_calls_that_tool_streamed_or_not(hermes) -> None:

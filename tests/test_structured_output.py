@@ -199,6 +199,21 @@ def test_llm_chat_gives_the_tools_to_the_template(llm: LLM) -> None:
     assert with_tools[0].prompt == "hi [lookup]"
 
 
+def test_a_complete_match_ends_even_before_min_tokens(llm: LLM) -> None:
+    """min_tokens bans the stop token; after "yes" the grammar allows nothing else: the grammar wins
+    (the row is the grammar's alone) and the answer ends, rather than running on unconstrained."""
+    constraint = StructuredOutputsParams(choice=["yes", "no"])
+    for temperature in (0.0, 1.0):
+        params = SamplingParams(
+            temperature=temperature, seed=1, max_tokens=12, min_tokens=8, structured_outputs=constraint
+        )
+        for out in llm.generate(PROMPTS, params, use_tqdm=False):
+            assert out.outputs[0].text in ("yes", "no") and out.outputs[0].finish_reason == "stop"
+    longer = StructuredOutputsParams(regex="[a-z]+")  # min_tokens still holds where the grammar may go on
+    params = SamplingParams(temperature=0, max_tokens=20, min_tokens=8, structured_outputs=longer)
+    assert all(len(o.outputs[0].token_ids) >= 8 for o in llm.generate(PROMPTS, params, use_tqdm=False))
+
+
 def test_choice_grammar_escapes_quotes_and_backslashes() -> None:
     assert choice_grammar(['a "b"', "c\\d", "e\nf"]) == 'root ::= "a \\"b\\"" | "c\\\\d" | "e\\nf"'
 

@@ -1,7 +1,8 @@
 """When a sampled sequence ends: the rules vLLM applies after every token. They only decide.
 
 In order, after a token is appended (nothing can end a sequence before ``min_tokens`` outputs,
-and before then the stop tokens may not even be sampled, :meth:`StopRules.banned`):
+and before then the stop tokens may not even be sampled, :meth:`StopRules.banned`; the one
+exception is a structured output whose grammar allows nothing but a stop token: it ends):
 
 1. a token of ``stop_token_ids`` ends it with reason ``"stop"`` (``stop_reason`` = the token);
 2. EOS ends it with reason ``"stop"``, unless ``ignore_eos``;
@@ -66,7 +67,9 @@ class StopRules:
         params, token = seq.params, seq.output_token_ids[-1]
         n_out = len(seq.output_token_ids)
         hide = not params.include_stop_str_in_output
-        if n_out >= params.min_tokens:
+        # With a grammar, a stop token sampled before min_tokens is one the grammar alone allowed
+        # (a complete match: the ban gave way, :mod:`.sample.logits` step 0): it ends the sequence.
+        if n_out >= params.min_tokens or seq.grammar is not None:
             if token in (params.stop_token_ids or ()):
                 return Stop(FinishReason.STOP, token, hide_token=hide)
             if not params.ignore_eos and token in self.eos_token_ids:

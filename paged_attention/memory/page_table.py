@@ -205,20 +205,20 @@ class PageTable:
         child.num_tokens = self.num_tokens
         return child
 
-    def snapshot(self) -> tuple[list[int], int, int, int | None, int]:
-        """What :meth:`restore` needs to undo a step, in O(1): the list of block ids (appended to,
-        its last written entry replaced by copy-on-write, or swapped for a new list by :meth:`free`
-        and :meth:`truncate`: never changed otherwise), its length, that entry's index and value, and
+    def snapshot(self) -> tuple[list[int], int, int, list[int], int]:
+        """What :meth:`restore` needs to undo a step: the list of block ids (appended to, an entry
+        from the last written block on replaced by copy-on-write, or swapped for a new list by
+        :meth:`free` and :meth:`truncate`: never changed otherwise), its length, its entries from
+        the last written block on (one, plus any reserved: O(1) but for a prompt's reservation), and
         the token count."""
         ids, tail = self.block_ids, self.num_tokens // self.block_size
-        return ids, len(ids), tail, ids[tail] if tail < len(ids) else None, self.num_tokens
+        return ids, len(ids), tail, ids[tail:], self.num_tokens
 
-    def restore(self, state: tuple[list[int], int, int, int | None, int]) -> None:
+    def restore(self, state: tuple[list[int], int, int, list[int], int]) -> None:
         """Put the table back as :meth:`snapshot` saw it (the allocator is restored on its own)."""
-        ids, length, tail, entry, self.num_tokens = state
+        ids, length, tail, entries, self.num_tokens = state
         del ids[length:]
-        if entry is not None:
-            ids[tail] = entry
+        ids[tail:] = entries
         self.block_ids = ids
 
     def free(self) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 from .._checks import cdiv, check_int, check_positive_int
 from .accounting import MemoryReport, paged_memory_report
-from .allocator import BlockAllocator
+from .allocator import BlockAllocator, NoFreeBlocksError
 from .manager import CachedSequence, SlotAllocation
 from .page_table import PageTable
 from .prefix_cache import PrefixCacheStats, PrefixCachingBlockAllocator, extend_block_hashes
@@ -205,9 +205,10 @@ class PagedKVCacheManager:
         table = self._tables.get(seq.seq_id)
         if table is None:
             raise ValueError(f"reserve: sequence {seq.seq_id} holds no KV cache (allocate its first slots)")
-        if table.blocks_needed(num_new_tokens) > self.allocator.num_free_blocks:
+        try:
+            table.reserve(num_new_tokens)
+        except NoFreeBlocksError:
             return False
-        table.reserve(num_new_tokens)
         return True
 
     def truncate(self, seq: CachedSequence, num_tokens: int) -> None:

@@ -189,7 +189,14 @@ async def _serve(
     chat = kind == "chat.completion"
     streams = await add_all(llm, prompts, params, response_id, "messages" if chat else "prompt")
     choices = [
-        Choice(i * params.n + j, chat, params.logprobs, records[i], tools=tool_calls)
+        Choice(
+            i * params.n + j,
+            chat,
+            params.logprobs,
+            records[i],
+            tools=tool_calls,
+            one_call=getattr(body, "parallel_tool_calls", None) is False,
+        )
         for i in range(len(prompts))
         for j in range(params.n)
     ]

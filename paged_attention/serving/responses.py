@@ -104,6 +104,7 @@ class Choice:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     tools: bool = False  # parse Hermes tool calls from the answer (:mod:`.tools`)
+    one_call: bool = False  # parallel_tool_calls false: only the first call is kept
     sent: int = 0  # with tools, streaming: the characters of `text` sent as content so far
 
     def add(self, delta: CompletionOutput, output: RequestOutput | None = None) -> dict[str, Any] | None:
@@ -161,6 +162,7 @@ class Choice:
         }
         if self.chat and self.tools:
             content, calls = parse_hermes(self.text)
+            calls = calls[:1] if self.one_call else calls
             if calls:  # vLLM: an empty string beside the calls, and the reason says so
                 message = {"role": "assistant", "content": content or "", "tool_calls": calls}
                 return {**base, "finish_reason": "tool_calls", "message": message}
@@ -179,6 +181,7 @@ class Choice:
         calls: list[dict] = []
         if delta.finish_reason is not None:
             _, calls = parse_hermes(self.text)
+            calls = calls[:1] if self.one_call else calls
         end = holding(self.text) if delta.finish_reason is None or calls else len(self.text)
         if end > self.sent:
             part["delta"]["content"] = self.text[self.sent : end]

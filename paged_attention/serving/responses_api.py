@@ -12,12 +12,16 @@ when ``max_output_tokens`` cut it. Streamed, it is vLLM's sequence of typed even
 ``response.content_part.done``, ``response.output_item.done``, ``response.completed`` (even when
 incomplete, as vLLM), and no ``[DONE]``.
 
-Like vLLM without ``VLLM_ENABLE_RESPONSES_API_STORE``, nothing is stored: ``previous_response_id``
-is a 404. Tools other than ``tool_choice: "none"`` are refused here (a 400).
+``text: {"format": ...}`` asks for structured output as the chat endpoints' ``response_format`` does
+(``json_schema`` with its ``schema``, or ``json_object``). A client that goes away mid-stream has
+its request aborted; an engine that fails mid-stream ends the stream with an ``error`` event. Like
+vLLM without ``VLLM_ENABLE_RESPONSES_API_STORE``, nothing is stored: ``previous_response_id`` is a
+404. Tools other than ``tool_choice: "none"`` are refused here (a 400).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
@@ -30,8 +34,9 @@ from pydantic import BaseModel, ConfigDict
 
 from ..engine.async_llm import AsyncLLM
 from ..engine.params import RequestOutputKind, SamplingParams
+from ..engine.structured_output.params import StructuredOutputsParams
 from .errors import APIError, engine_error
-from .streams import add_all, merged, until_disconnect
+from .streams import add_all, disconnected, merged, until_disconnect
 from .tokenization import render
 
 
@@ -54,6 +59,27 @@ class ResponsesRequest(BaseModel):
     parallel_tool_calls: bool = True
     metadata: dict[str, Any] | None = None
     user: str | None = None
+    text: dict[str, Any] | None = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
+
+    def constraint(self) -> StructuredOutputsParams | None:
+        """``text.format`` as a constraint (``None`` for plain text)."""
+        fmt = (self.text or {}).get("format") or {"type": "text"}
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        try:
+            if kind == "text":
+                return None
+            if kind == "json_object":
+                return StructuredOutputsParams(json_object=True)
+            if kind == "json_schema" and isinstance(fmt.get("schema"), dict):
+                return StructuredOutputsParams(json=fmt["schema"])
+        except (ValueError, TypeError) as err:
+            raise APIError(str(err), 400, "text") from err
+        raise APIError(
+            "text.format must be {'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', "
+            "'schema': {...}}",
+            400,
+            "text",
+        )
 
     def messages(self) -> list[dict[str, Any]]:
         """The conversation: ``instructions`` as the system message, then ``input``."""
@@ -87,6 +113,7 @@ class ResponsesRequest(BaseModel):
                 **{**{k: v for k, v in defaults.items() if k != "max_tokens"}, **given},
                 max_tokens=self.max_output_tokens,
                 output_kind=RequestOutputKind.DELTA,
+                structured_outputs=self.constraint(),
             )
         except (ValueError, TypeError) as err:
             raise engine_error(err) from err
@@ -110,7 +137,7 @@ def responses_routes(
         response = Answer(body, model_name)
         streams = await add_all(llm, [prompt], params, response.id, "input")
         if body.stream:
-            return StreamingResponse(response.events(streams), media_type="text/event-stream")
+            return StreamingResponse(response.events(streams, raw), media_type="text/event-stream")
 
         async def gather() -> None:
             async for _, output in merged(streams):
@@ -174,7 +201,7 @@ class Answer:
             "parallel_tool_calls": request.parallel_tool_calls,
             "previous_response_id": None,
             "store": False,
-            "text": {"format": {"type": "text"}},
+            "text": request.text or {"format": {"type": "text"}},
             "truncation": "disabled",
             "metadata": request.metadata,
             "user": request.user,
@@ -196,9 +223,12 @@ class Answer:
         self.sequence += 1
         return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
-    async def events(self, streams: list) -> AsyncIterator[str]:
-        """vLLM's streamed events (see the module docstring); the stream is closed whatever ends it."""
+    async def events(self, streams: list, raw: Request) -> AsyncIterator[str]:
+        """vLLM's streamed events (see the module docstring); the stream is closed whatever ends it,
+        a client that goes away included."""
         at = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        watcher = asyncio.ensure_future(disconnected(raw))
+        watcher.add_done_callback(lambda w: w.cancelled() or [s.close() for s in streams])
         try:
             yield self.event("response.created", response=self.body("in_progress"))
             yield self.event("response.in_progress", response=self.body("in_progress"))
@@ -213,6 +243,9 @@ class Answer:
             yield self.event("response.content_part.done", **at, part=self.part())
             yield self.event("response.output_item.done", output_index=0, item=self.item("completed"))
             yield self.event("response.completed", response=self.body("completed"))
+        except (APIError, RuntimeError) as err:  # the engine failed mid-stream: say so in the stream
+            yield self.event("error", code=str(getattr(err, "status", 500)), message=str(err), param=None)
         finally:
+            watcher.cancel()
             for stream in streams:
                 stream.close()

@@ -99,23 +99,48 @@ def names(tools: list[dict]) -> list[str]:
 
 def forced_grammar(tools: list[dict], choice: str | dict) -> str:
     """The EBNF grammar (xgrammar's) of one Hermes tool call: ``<tool_call>``, a JSON object with the
-    tool's ``name`` and its ``arguments`` (the tool's ``parameters`` schema), ``</tool_call>``."""
+    tool's ``name`` and its ``arguments`` (the tool's ``parameters`` schema), ``</tool_call>``. A
+    schema's ``$defs`` (pydantic's nested models) move to the root, where its ``$ref``\\ s point; a
+    schema xgrammar cannot take is a 400 naming ``tools``."""
     import xgrammar
 
     chosen = [choice["function"]["name"]] if isinstance(choice, dict) else names(tools)
-    options = []
+    options, defs = [], {}
     for tool in tools:
         function = tool["function"]
-        if function["name"] in chosen:
-            parameters = function.get("parameters") or {"type": "object", "properties": {}}
-            options.append({
-                "type": "object",
-                "properties": {"name": {"const": function["name"]}, "arguments": parameters},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            })  # fmt: skip
-    schema = options[0] if len(options) == 1 else {"anyOf": options}
-    body = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+        if function["name"] not in chosen:
+            continue
+        parameters = function.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(parameters, dict):
+            raise APIError(
+                f"tools: the parameters of {function['name']!r} must be a JSON schema object", 400, "tools"
+            )
+        parameters = dict(parameters)
+        for key in ("$defs", "definitions"):
+            for name, schema in (parameters.pop(key, None) or {}).items():
+                if defs.get(name, schema) != schema:
+                    raise APIError(
+                        f"tools: two tools define {name!r} differently in their $defs", 400, "tools"
+                    )
+                defs[name] = schema
+        options.append({
+            "type": "object",
+            "properties": {"name": {"const": function["name"]}, "arguments": parameters},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        })  # fmt: skip
+    schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
+    if defs:
+        schema = {**schema, "$defs": defs}
+        text = json.dumps(schema).replace('"#/definitions/', '"#/$defs/')
+    else:
+        text = json.dumps(schema)
+    try:
+        body = xgrammar.Grammar.from_json_schema(text, any_whitespace=False)
+    except (RuntimeError, ValueError, TypeError) as err:
+        raise APIError(
+            f"tools: a tool's parameters are not a schema this server can force: {err}", 400, "tools"
+        ) from None
     grammar = xgrammar.Grammar.concat(
         xgrammar.Grammar.from_ebnf('root ::= "<tool_call>\\n"'),
         body,

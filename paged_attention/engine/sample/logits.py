@@ -4,7 +4,9 @@ In vLLM v1's order, on float32 logits ``[rows, vocab]``, each row with its own s
 (:class:`~.params.SamplingParams`) and its own past tokens (a :class:`History`):
 
 0. a structured output's grammar mask (:mod:`..structured_output`): every token the grammar does
-   not allow next gets ``-inf`` (vLLM applies the grammar bitmask before its sampler);
+   not allow next gets ``-inf`` (vLLM applies the grammar bitmask before its sampler); should steps
+   1-4 then leave no token at all (``min_tokens`` banning the stop token that alone ends a complete
+   match, say), the grammar wins and the row is the masked logits alone;
 1. ``allowed_token_ids``: every other token gets ``-inf``;
 2. ``bad_words``: a word's last token gets ``-inf`` where the output already ends with the word's
    other tokens (a one-token word is always banned);
@@ -66,8 +68,9 @@ def process(
     vocab = logits.shape[1]
     for row, p in enumerate(params):
         mask = masks[row] if masks is not None else None
+        masked = None
         if mask is not None:
-            logits[row].masked_fill_(~mask, float("-inf"))
+            masked = logits[row].masked_fill_(~mask, float("-inf")).clone()
         if p.allowed_token_ids is not None:
             keep = torch.zeros(vocab, dtype=torch.bool)
             keep[[t for t in p.allowed_token_ids if t < vocab]] = True
@@ -84,6 +87,8 @@ def process(
             logits[row, ids] += torch.tensor([p.logit_bias[t] for t in ids])
         if p.penalized and history is not None:
             apply_penalties(logits[row], p, history)
+        if masked is not None and not torch.isfinite(logits[row]).any():
+            logits[row] = masked  # nothing left but what the grammar allows: it wins (see step 0)
     return logits
 
 
