@@ -133,14 +133,17 @@ def test_drafts_preemption_and_chunked_prefill_change_no_token() -> None:
 
 
 def test_a_refused_draft_is_never_accepted() -> None:
-    """The drafts are the prompt's own continuation, which the grammar forbids: every one rejected."""
+    """The drafts copy the prompt's "12a" pattern; the grammar allows digits only, so every drafted
+    "a" is rejected at its position while drafted digits may be accepted."""
     llm = LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1})
-    prompt = "abcabcabcabcabcabc"
+    prompt = "12a" * 7
     params = SamplingParams(
         temperature=0, max_tokens=12, structured_outputs=StructuredOutputsParams(regex="[0-9]+")
     )
     out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    stats = llm.llm_engine.speculator.stats
     assert re.fullmatch("[0-9]+", out.text), out.text
+    assert stats.num_draft_tokens > stats.num_accepted_tokens  # drafts were made, and some refused
 
 
 def test_the_mask_is_xgrammars_bitmask_bit_for_bit() -> None:
@@ -161,7 +164,9 @@ def test_a_grammar_follows_its_sequence_backwards_and_forwards(llm: LLM) -> None
     allowed = [tokenizer.decode([t]) for t in after.nonzero().flatten().tolist()]
     assert "-" in allowed and not any(ch.isdigit() for text in allowed for ch in text)
     grammar.rollback_to(1)
-    assert grammar.num_consumed == 1 and torch.equal(grammar.mask(digits[:1]), grammar.mask(digits[:1]))
+    assert grammar.num_consumed == 1 and torch.equal(
+        grammar.mask(digits[:1]), grammar.fork().mask(digits[:1])
+    )
     assert torch.equal(grammar.mask(digits), after)  # forward again
     assert torch.equal(grammar.mask([digits[1]]), grammar.fork().mask([digits[1]]))  # not a continuation
     ahead = grammar.masks_ahead([], digits)

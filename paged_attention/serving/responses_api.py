@@ -173,9 +173,14 @@ class Answer:
         return delta.text
 
     def item(self, status: str) -> dict[str, Any]:
-        content = [self.part()] if self.text or status == "in_progress" else []
-        return {"type": "message", "id": self.item_id, "role": "assistant", "status": status,
-                "content": [] if status == "in_progress" else content}  # fmt: skip
+        content = [self.part()] if self.text and status != "in_progress" else []
+        return {
+            "type": "message",
+            "id": self.item_id,
+            "role": "assistant",
+            "status": status,
+            "content": content,
+        }
 
     def part(self) -> dict[str, Any]:
         return {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}

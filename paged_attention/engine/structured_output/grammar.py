@@ -141,10 +141,6 @@ class Grammar:
         return len(self._consumed)
 
     @property
-    def is_terminated(self) -> bool:
-        return bool(self._matcher.is_terminated())
-
-    @property
     def is_valid(self) -> bool:
         """Whether every token it has seen was allowed where it came: the text is a match, or the
         beginning of one (tokens after a stop token are not asked)."""
