@@ -9,7 +9,7 @@ two kinds:
 * :data:`IGNORED`: vLLM settings that change nothing here (how vLLM compiles, downloads or logs);
   accepted, so that vLLM programs run, and documented as doing nothing;
 * :data:`REFUSED`: vLLM settings this engine cannot honour except at their neutral value (several
-  GPUs, quantization, an fp8 KV cache, LoRA, ...): another value raises ``ValueError`` naming the
+  GPUs, quantized weights, LoRA, ...): another value raises ``ValueError`` naming the
   keyword and why, rather than silently serving something else.
 
 An unknown keyword raises ``TypeError`` naming the caller (``LLM``, ``EngineArgs``) and the
@@ -50,7 +50,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "data_parallel_size": ((1,), "this engine runs on one device"),
     "distributed_executor_backend": ((None,), "this engine runs on one device, in this process"),
     "quantization": ((None,), "weights are served in the dtype they load in"),
-    "kv_cache_dtype": (("auto",), "the KV cache takes the model's dtype"),
     "cpu_offload_gb": ((0,), "weights stay on the serving device"),
     "enable_lora": ((False,), "there are no LoRA adapters here"),
     "task": (("auto", "generate"), "this engine generates text (no pooling or embedding models)"),
@@ -88,6 +87,11 @@ class EngineArgs:
     num_cpu_blocks: int | None = None
     watermark: float = 0.01
     enable_prefix_caching: bool = True
+    #: vLLM's: "auto" (the model's dtype), "fp8"/"fp8_e4m3", "fp8_e5m2", or "int8" (a scale per block
+    #: and KV head); :mod:`..kernels.quantization`.
+    kv_cache_dtype: str = "auto"
+    #: fp8 caches: set each layer's scales from the first batch (else 1.0).
+    calculate_kv_scales: bool = False
     seed: int | None = 0
     max_logprobs: int = 20
     logprobs_mode: str = "raw_logprobs"

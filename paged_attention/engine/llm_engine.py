@@ -11,14 +11,13 @@ runner computes logits, each request decides from them (its tokens, forks, dropp
 :meth:`Scheduler.update_from_output <.scheduler.Scheduler.update_from_output>`, the one owner of the
 end of a step, applies it all in a documented order. It returns a :class:`~.outputs.RequestOutput`
 for every request that produced tokens in that step, ``finished=False`` until the step that ends
-it (vLLM's semantics; what each holds is the request's ``SamplingParams.output_kind``; a
-``FINAL_ONLY`` request and a beam search report once, when they end). An aborted request reports
-nothing more. :class:`~.llm.LLM` wraps the engine the way vLLM's ``LLM`` does.
+it (vLLM's semantics; ``SamplingParams.output_kind`` says what each holds; ``FINAL_ONLY`` and beam
+searches report once, at the end). :class:`~.llm.LLM` wraps the engine as vLLM's ``LLM`` does.
 
 The engine chooses nothing about memory or batching policy: it is handed a cache-manager factory
 (paged by default; the baselines bring their own) and a :class:`~.scheduler.SchedulingPolicy`.
-What a request does with its logits (sample, fork ``n``, beam search) lives in its own class
-(:mod:`.parallel_sampling`, :mod:`.beam_search`); drafts, in :mod:`.speculation`.
+A request's use of its logits (sample, fork ``n``, beam search) lives in :mod:`.parallel_sampling`
+and :mod:`.beam_search`; drafts in :mod:`.speculation`.
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ from .spec_decode.speculation import Speculator
 from .spec_decode.speculative import SpeculativeConfig
 from .stop_rules import StopRules
 from .structured_output.grammar import StructuredOutputManager
-from .worker.kv_cache import KVCache, KVCacheSpec
+from .worker.kv_cache import KVCache, KVCacheSpec, check_calibration
 from .worker.model_runner import ModelRunner
 
 #: Builds the cache manager from ``(num_blocks, block_size, max_model_len)``, the budget the engine
@@ -91,6 +90,8 @@ class LLMEngine:
         num_cpu_blocks: int | None = None,
         watermark: float = 0.01,
         enable_prefix_caching: bool = True,
+        kv_cache_dtype: str = "auto",
+        calculate_kv_scales: bool = False,
         seed: int | None = 0,
         max_logprobs: int = 20,
         logprobs_mode: str = "raw_logprobs",
@@ -114,7 +115,7 @@ class LLMEngine:
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model, self.tokenizer = resolve_model(model, tokenizer, dtype, device, hf_overrides)
         self.max_model_len = serving_length(self.model.config, max_model_len)
-        self.spec = KVCacheSpec.from_config(self.model.config, next(self.model.parameters()).dtype)
+        self.spec = KVCacheSpec.from_config(self.model.config, self.model.dtype, kv_cache_dtype)
         num_blocks = size_kv_cache(self.spec, device, block_size, num_kv_blocks, kv_cache_memory,
                                    gpu_memory_utilization)  # fmt: skip
         build = manager_builder(num_blocks, block_size, cache_manager_factory, watermark, num_cpu_blocks,
@@ -125,6 +126,7 @@ class LLMEngine:
         )
         manager = self.cache_manager
         self.kv_cache = KVCache(self.spec, manager.num_blocks, manager.block_size, device)
+        self.kv_cache.calibrating = check_calibration(calculate_kv_scales, self.spec.dtype)
         cpu_blocks = manager.num_cpu_blocks
         self.cpu_cache = KVCache(self.spec, cpu_blocks, manager.block_size, "cpu") if cpu_blocks else None
         budget = max(2048, self.max_model_len) if max_num_batched_tokens is None else max_num_batched_tokens

@@ -25,9 +25,12 @@ from typing import Literal
 import torch
 
 from .._triton_env import triton_interpreted
-from . import compiled, reference
+from . import compiled, quantization, reference
+from .quantization import StoreMap
 from .reference import GatherPlan
-from .validation import check_cache, check_store_args, check_tables, default_scale
+from .validation import check_cache, check_scales, check_store_args, check_tables, default_scale
+
+Scale = torch.Tensor | float | None  # an 8-bit cache's k_scale / v_scale (:mod:`.quantization`)
 
 Backend = Literal["auto", "triton", "torch", "compiled"]
 BACKENDS = ("auto", "triton", "torch", "compiled")
@@ -72,8 +75,13 @@ def paged_decode(
     *,
     backend: Backend = "auto",
     plan: GatherPlan | None = None,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> torch.Tensor:
     """Decode attention: ``query[num_seqs, num_heads, head_dim]``, one token per sequence.
+
+    An 8-bit cache (:mod:`.quantization`) is read with its ``k_scale``/``v_scale``: one number each
+    for fp8, ``[num_blocks, num_kv_heads]`` float32 for int8.
 
     ``plan`` (the torch and compiled backends, from :func:`plan_decode`): the batch's tables,
     checked and turned into block indices once per step, for every layer to reuse; with the torch
@@ -81,6 +89,7 @@ def paged_decode(
     engine's does: it starts zeroed).
     """
     chosen = resolve_backend(backend, query.device)
+    scales = {"k_scale": k_scale, "v_scale": v_scale}
     if chosen == "compiled" and query.dtype != torch.float64:  # float64 (tests) stays on the reference
         if plan is None:
             check_cache(query, key_cache, value_cache)
@@ -90,24 +99,44 @@ def paged_decode(
                     f"decode has one query per sequence: {query.shape[0]} queries, "
                     f"{plan.seq_lens.shape[0]} seq_lens"
                 )
-        return _compiled_decode(query, key_cache, value_cache, plan, default_scale(query.shape[-1], scale))
+        k, v = check_scales(key_cache, k_scale, v_scale)
+        return _compiled_decode(
+            query, key_cache, value_cache, plan, default_scale(query.shape[-1], scale), k, v
+        )
     if chosen in ("torch", "compiled"):
         if plan is not None:
             scale = default_scale(query.shape[-1], scale)
+            k, v = check_scales(key_cache, k_scale, v_scale)
             return reference.decode_with_plan(
-                query, key_cache, value_cache, plan, scale, zero_padding=False, fused=True
+                query,
+                key_cache,
+                value_cache,
+                plan,
+                scale,
+                zero_padding=False,
+                fused=True,
+                k_scale=k,
+                v_scale=v,
             )
-        return reference.paged_decode(query, key_cache, value_cache, block_tables, seq_lens, scale)
-    return _triton()[0].paged_decode(query, key_cache, value_cache, block_tables, seq_lens, scale)
+        return reference.paged_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, **scales)
+    return _triton()[0].paged_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, **scales)
 
 
 def _compiled_decode(
-    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, plan: GatherPlan, scale: float
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    plan: GatherPlan,
+    scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     if query.shape[0] == 0:
         return torch.empty_like(query)
     blocks = plan.blocks.view(-1, plan.width)
-    return compiled.paged_decode(query, key_cache, value_cache, blocks, plan.seq_lens, scale)
+    return compiled.paged_decode(
+        query, key_cache, value_cache, blocks, plan.seq_lens, scale, k_scale, v_scale
+    )
 
 
 def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, key_cache: torch.Tensor) -> GatherPlan:
@@ -118,13 +147,15 @@ def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, key_cache: t
 
 
 def decode_step(
-    caches: torch.Tensor, slot_mapping: torch.Tensor, plan: GatherPlan
+    caches: torch.Tensor, slot_mapping: torch.Tensor, plan: GatherPlan, scales: torch.Tensor | None = None
 ) -> compiled.DecodeStep | None:
     """A CPU decode step for :func:`decode_layer`, made once per step: ``caches`` every layer's keys
     and values, ``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`` (as the engine's
     ``KVCache.data`` holds them), the step's ``slot_mapping`` and its checked ``plan``
-    (:func:`plan_decode`). ``None`` where the compiled kernel cannot read these caches."""
-    return compiled.DecodeStep.build(caches, slot_mapping, plan.blocks.view(-1, plan.width), plan.seq_lens)
+    (:func:`plan_decode`); an int8 cache's ``scales``, ``[num_layers, 2, num_blocks, num_kv_heads]``.
+    ``None`` where the compiled kernel cannot read these caches."""
+    blocks = plan.blocks.view(-1, plan.width)
+    return compiled.DecodeStep.build(caches, slot_mapping, blocks, plan.seq_lens, scales)
 
 
 def decode_layer(
@@ -154,21 +185,25 @@ def paged_prefill(
     scale: float | None = None,
     *,
     backend: Backend = "auto",
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> torch.Tensor:
-    """Causal attention of packed new tokens ``query[num_tokens, num_heads, head_dim]``.
+    """Causal attention of packed new tokens ``query[num_tokens, num_heads, head_dim]`` (an 8-bit
+    cache read with its ``k_scale``/``v_scale``, as in :func:`paged_decode`).
 
     The torch backend runs torch's fused ``scaled_dot_product_attention`` in the cache's dtype
     (:func:`.reference.paged_prefill` with ``fused=True``); the compiled backend does the same for
     sequences that bring several tokens and runs its in-place kernel for those that bring one."""
     chosen = resolve_backend(backend, query.device)
+    scales = {"k_scale": k_scale, "v_scale": v_scale}
     if chosen in ("torch", "compiled"):
         decode = _compiled_decode if chosen == "compiled" and query.dtype != torch.float64 else None
         return reference.paged_prefill(
             query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, fused=True,
-            decode=decode,
+            decode=decode, **scales,
         )  # fmt: skip
     return _triton()[1].paged_prefill(
-        query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale
+        query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, **scales
     )
 
 
@@ -181,31 +216,42 @@ def store_kv(
     *,
     backend: Backend = "auto",
     checked: bool = False,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
+    plan: StoreMap | None = None,
 ) -> None:
     """Write ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` into their slots (``-1``: skip).
 
     ``checked=True`` (compiled backend): the caller has already checked arguments of these shapes
     and this slot mapping against a cache of this size (the engine checks a step's once, in its
-    first layer, and every layer's cache has the same shape)."""
+    first layer, and every layer's cache has the same shape). An 8-bit cache is written quantized
+    (:mod:`.quantization`): fp8 divided by its ``k_scale``/``v_scale``; int8 with a scale per block
+    and KV head, which the store updates in place (``plan``: the step's
+    :class:`~.quantization.StoreMap`, built if not given)."""
     chosen = resolve_backend(backend, key.device)
     if chosen == "compiled":
         if not checked:
             check_store_args(key, value, key_cache, value_cache, slot_mapping)
-        compiled.store_kv(key, value, key_cache, value_cache, slot_mapping)
+        k, v = check_scales(key_cache, k_scale, v_scale)
+        compiled.store_kv(key, value, key_cache, value_cache, slot_mapping, k, v, plan)
     elif chosen == "torch":
-        reference.store_kv(key, value, key_cache, value_cache, slot_mapping)
+        reference.store_kv(key, value, key_cache, value_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
     else:
-        _triton()[2].store_kv(key, value, key_cache, value_cache, slot_mapping)
+        _triton()[2].store_kv(
+            key, value, key_cache, value_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale, plan=plan
+        )
 
 
 __all__ = [
     "BACKENDS",
     "GatherPlan",
+    "StoreMap",
     "decode_layer",
     "decode_step",
     "paged_decode",
     "paged_prefill",
     "plan_decode",
+    "quantization",
     "resolve_backend",
     "store_kv",
     "triton_interpreted",

@@ -57,13 +57,16 @@ import numpy as np
 import torch
 
 from . import reference
+from .quantization import StoreMap, fp8_grid, store_quantized
 
 _lock = threading.Lock()
 _kernel: Callable[..., None] | None = None
 _failed: str | None = None  # why compilation is unavailable in this process, once it has failed
 
-#: Cache dtypes the compiled kernel reads (others take the eager recipe).
+#: Query (and float cache) dtypes the compiled kernel reads (others take the eager recipe).
 DTYPES = (torch.float32, torch.bfloat16)
+#: 8-bit caches it reads beside them, with their scales (:mod:`.quantization`).
+QUANTIZED = (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
 
 
 def _compile() -> Callable[..., None] | None:
@@ -82,10 +85,34 @@ def available() -> bool:
 
 
 def as_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A NumPy view of a CPU tensor (no copy); bfloat16, which NumPy lacks, as its raw 16 bits."""
+    """A NumPy view of a CPU tensor (no copy); bfloat16 and fp8, which NumPy lacks, as their raw
+    bits (``uint16``, ``uint8``)."""
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(np.uint16)
+    if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return tensor.view(torch.uint8).numpy()
     return tensor.numpy()
+
+
+_NOT_FP8 = np.zeros(2, np.int64)
+
+
+def fp8_format(dtype: torch.dtype) -> np.ndarray:
+    """An fp8 format as the kernel decodes it, ``[mantissa bits, exponent bias]`` (e4m3: 3, 7;
+    e5m2: 2, 15); any other dtype: zeros, unused."""
+    if dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return _NOT_FP8
+    mantissa, min_exp = fp8_grid(dtype)
+    return np.array([mantissa, 1 - min_exp], np.int64)
+
+
+def scales(cache: torch.Tensor, scale: torch.Tensor | None) -> np.ndarray:
+    """A cache's scales as the kernel reads them, ``[num_blocks, H_kv]`` float32: per block and head
+    as they are, or one number (fp8's, or a float cache's 1.0) repeated through strides of 0."""
+    if scale is not None and scale.dim() == 2:
+        return scale.detach().numpy()
+    one = np.array([1.0 if scale is None else float(scale)], np.float32)
+    return np.lib.stride_tricks.as_strided(one, (cache.shape[0], cache.shape[2]), (0, 0))
 
 
 def paged_decode(
@@ -95,18 +122,20 @@ def paged_decode(
     blocks: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`.reference.paged_decode`'s contract, compiled (no checks: the caller validated the
-    tables once). ``blocks[S, W]`` int64, the first ``cdiv(seq_lens[s], block_size)`` entries of row
-    ``s`` real block ids; ``seq_lens[S]`` int64, each at least 1."""
+    tables and scales once). ``blocks[S, W]`` int64, the first ``cdiv(seq_lens[s], block_size)``
+    entries of row ``s`` real block ids; ``seq_lens[S]`` int64, each at least 1."""
     if (
         _failed is not None
-        or key_cache.dtype not in DTYPES
+        or key_cache.dtype not in (*DTYPES, *QUANTIZED)
         or query.dtype not in DTYPES
         or not key_cache.is_contiguous()
         or not value_cache.is_contiguous()  # (the kernel's prefetch addresses assume contiguous caches)
     ):
-        return _eager(query, key_cache, value_cache, blocks, seq_lens, scale)
+        return _eager(query, key_cache, value_cache, blocks, seq_lens, scale, k_scale, v_scale)
     query = query.detach().contiguous()
     out = torch.empty_like(query)  # the kernel scales the query and rounds the result itself
     try:
@@ -116,6 +145,9 @@ def paged_decode(
             as_numpy(query),
             as_numpy(key_cache.detach()),
             as_numpy(value_cache.detach()),
+            scales(key_cache, k_scale),
+            scales(value_cache, v_scale),
+            fp8_format(key_cache.dtype),
             blocks.contiguous().numpy(),
             seq_lens.to(torch.int64).contiguous().numpy(),
             float(scale),
@@ -123,7 +155,7 @@ def paged_decode(
         )
     except Exception as error:
         give_up(error)  # re-raises anything that is not Numba missing or failing to compile
-        return _eager(query, key_cache, value_cache, blocks, seq_lens, scale)
+        return _eager(query, key_cache, value_cache, blocks, seq_lens, scale, k_scale, v_scale)
     return out
 
 
@@ -133,9 +165,28 @@ def store_kv(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    plan: StoreMap | None = None,
 ) -> None:
     """:func:`.reference.store_kv`'s contract (no checks: the caller validated), one compiled loop
-    instead of a mask, two gathers and two scatters."""
+    instead of a mask, two gathers and two scatters; an int8 cache block by block with its scales
+    (``plan``: the step's :class:`~.quantization.StoreMap`); fp8 by the reference."""
+    if key_cache.dtype == torch.int8 and k_scale is not None and v_scale is not None:
+        plan = plan or StoreMap.build(slot_mapping, key_cache.shape[1])
+        try:
+            if _failed is None and key.dtype in DTYPES and value.dtype == key.dtype:
+                from .loop_nest import store_int8  # imported late: importing Numba costs half a second
+
+                for x, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
+                    rows = as_numpy(x.detach().contiguous())
+                    store_int8(rows, as_numpy(cache), scale.numpy(), plan.blocks.numpy(), plan.tokens.numpy())
+                return
+        except Exception as error:
+            give_up(error)
+    if k_scale is not None and v_scale is not None:
+        store_quantized(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, plan)
+        return
     same = key.dtype == value.dtype == key_cache.dtype == value_cache.dtype  # (the caches: contiguous)
     if _failed is not None or not same or key_cache.dtype not in DTYPES:
         reference.store_rows(key, value, key_cache, value_cache, slot_mapping)
@@ -154,28 +205,43 @@ def store_kv(
 @dataclass(frozen=True)
 class DecodeStep:
     """A decode step as :func:`decode_layer` reads it, made once per step for every layer (the
-    compiled backend's per-step metadata): every layer's caches and the step's slot mapping, block
-    table and lengths as NumPy arrays."""
+    compiled backend's per-step metadata): every layer's caches (and an int8 cache's scales) and
+    the step's slot mapping, block table and lengths as NumPy arrays."""
 
     caches: np.ndarray  # [layers, 2, num_blocks, block_size, H_kv, D]: keys (0) and values (1)
     dtype: torch.dtype  # the caches' (bfloat16 arrives as its raw bits)
     slots: np.ndarray  # int64 [num_seqs]: where each sequence's new token's K/V go
     blocks: np.ndarray  # int64 [num_seqs, width]: the first cdiv(seq_lens[s], block_size) entries real
     seq_lens: np.ndarray  # int64 [num_seqs], each at least 1, the new token included
+    scales: np.ndarray | None = None  # int8: float32 [layers, 2, num_blocks, H_kv]
+    map_blocks: np.ndarray | None = None  # int8: the step's StoreMap
+    map_tokens: np.ndarray | None = None
 
     @classmethod
     def build(
-        cls, caches: torch.Tensor, slot_mapping: torch.Tensor, blocks: torch.Tensor, seq_lens: torch.Tensor
+        cls,
+        caches: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        blocks: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scales: torch.Tensor | None = None,
     ) -> DecodeStep | None:
         """``None`` where the compiled kernel cannot read these caches (a dtype other than
-        :data:`DTYPES`, not contiguous, or Numba unavailable in this process)."""
-        if _failed is not None or caches.dtype not in DTYPES or not caches.is_contiguous():
+        :data:`DTYPES` or int8, not contiguous, or Numba unavailable in this process); ``scales``:
+        an int8 cache's, every layer's."""
+        int8 = caches.dtype == torch.int8 and scales is not None
+        if _failed is not None or (caches.dtype not in DTYPES and not int8) or not caches.is_contiguous():
             return None
 
         def int64(t: torch.Tensor) -> np.ndarray:
             return t.to(torch.int64).contiguous().numpy()
 
-        return cls(as_numpy(caches), caches.dtype, int64(slot_mapping), int64(blocks), int64(seq_lens))
+        arrays = [as_numpy(caches), caches.dtype, int64(slot_mapping), int64(blocks), int64(seq_lens)]
+        if not int8:
+            return cls(*arrays)
+        assert scales is not None
+        plan = StoreMap.build(slot_mapping, caches.shape[3])
+        return cls(*arrays, scales.numpy(), plan.blocks.numpy(), plan.tokens.numpy())
 
 
 def decode_layer(
@@ -186,20 +252,36 @@ def decode_layer(
     be strided views (their last dimension contiguous), as transformers hands them over; returns
     ``out[S, H, D]``. ``None`` when this call cannot take the compiled path (another dtype than the
     caches', Numba unavailable): the caller then makes the two calls apart."""
-    if _failed is not None or not query.dtype == key.dtype == value.dtype == step.dtype:
+    int8 = step.scales is not None
+    if _failed is not None or not query.dtype == key.dtype == value.dtype or query.dtype not in DTYPES:
         return None
-    if query.stride(-1) != 1 or key.stride(-1) != 1 or value.stride(-1) != 1:
+    if (
+        query.stride(-1) != 1
+        or key.stride(-1) != 1
+        or value.stride(-1) != 1
+        or not (int8 or query.dtype == step.dtype)
+    ):
         return None
     out = query.new_empty(query.shape)
     try:
-        from .loop_nest import decode_layer as kernel  # imported late: importing Numba costs half a second
+        from . import loop_nest  # imported late: importing Numba costs half a second
 
         q, k, v = as_numpy(query.detach()), as_numpy(key.detach()), as_numpy(value.detach())
-        kernel(q, k, v, step.caches, layer, step.slots, step.blocks, step.seq_lens, scale, as_numpy(out))
+        if int8:
+            loop_nest.decode_layer_int8(q, k, v, step.caches, step.scales, layer, step.map_blocks,
+                                        step.map_tokens, step.blocks, step.seq_lens, scale, _NOT_FP8,
+                                        as_numpy(out))  # fmt: skip
+        else:
+            ones = np.lib.stride_tricks.as_strided(_ONE, step.caches.shape[2:5:2], (0, 0))
+            loop_nest.decode_layer(q, k, v, step.caches, layer, step.slots, step.blocks, step.seq_lens, scale,
+                                   ones, _NOT_FP8, as_numpy(out))  # fmt: skip
     except Exception as error:
         give_up(error)
         return None
     return out
+
+
+_ONE = np.ones(1, np.float32)
 
 
 def give_up(error: Exception) -> None:
@@ -229,6 +311,10 @@ def _eager(
     blocks: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
 ) -> torch.Tensor:
     plan = reference.GatherPlan.build(blocks, seq_lens, key_cache.shape[1])
-    return reference.decode_with_plan(query, key_cache, value_cache, plan, scale)
+    return reference.decode_with_plan(
+        query, key_cache, value_cache, plan, scale, k_scale=k_scale, v_scale=v_scale
+    )

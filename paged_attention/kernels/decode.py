@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .online_softmax import LOG2E, NEG_BIG, attend_tiles, default_tile, use_native_dot
-from .validation import check_cache, check_tables, default_scale
+from .online_softmax import LOG2E, NEG_BIG, attend_tiles, default_tile, scale_args, use_native_dot
+from .validation import check_cache, check_scales, check_tables, default_scale
 
 PARTITION_SIZE = 512  # tokens per split-K partition (a multiple of every TILE below)
 
@@ -37,8 +37,9 @@ PARTITION_SIZE = 512  # tokens per split-K partition (a multiple of every TILE b
 def _attend_group(
     query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq, kv_head, start, end, qk_scale,
     stride_qs, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
+    k_scale_ptr, v_scale_ptr, stride_sb, stride_sh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NATIVE_DOT: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NATIVE_DOT: tl.constexpr, QUANT: tl.constexpr,
 ):  # fmt: skip
     """One KV head's query group against tokens ``start .. end - 1`` of one sequence: the normalised
     output ``[GROUP_PAD, HEAD_PAD]``, its running max and sum, the query heads and their mask."""
@@ -51,7 +52,8 @@ def _attend_group(
     acc, m, l = attend_tiles(
         q, g, key_cache_ptr, value_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head, start, end,
         stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-        HEAD_DIM, HEAD_PAD, BLOCK_SIZE, TILE, CAUSAL=False, NATIVE_DOT=NATIVE_DOT,
+        k_scale_ptr, v_scale_ptr, stride_sb, stride_sh,
+        HEAD_DIM, HEAD_PAD, BLOCK_SIZE, TILE, CAUSAL=False, NATIVE_DOT=NATIVE_DOT, QUANT=QUANT,
     )  # fmt: skip
     return acc / l[:, None], m, l, heads, row_mask
 
@@ -62,8 +64,9 @@ def _decode_kernel(
     query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq_lens_ptr, qk_scale,
     stride_qs, stride_qh, stride_os, stride_oh,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
+    k_scale_ptr, v_scale_ptr, stride_sb, stride_sh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NATIVE_DOT: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NATIVE_DOT: tl.constexpr, QUANT: tl.constexpr,
 ):  # fmt: skip
     """Program (sequence, KV head): the group's queries against the whole context."""
     seq = tl.program_id(0)
@@ -72,7 +75,8 @@ def _decode_kernel(
         query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq, kv_head, 0,
         tl.load(seq_lens_ptr + seq), qk_scale, stride_qs, stride_qh,
         stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
-        GROUP, GROUP_PAD, HEAD_DIM, HEAD_PAD, BLOCK_SIZE, TILE, NATIVE_DOT,
+        k_scale_ptr, v_scale_ptr, stride_sb, stride_sh,
+        GROUP, GROUP_PAD, HEAD_DIM, HEAD_PAD, BLOCK_SIZE, TILE, NATIVE_DOT, QUANT,
     )  # fmt: skip
     d = tl.arange(0, HEAD_PAD)
     o_ptrs = out_ptr + seq * stride_os + heads[:, None] * stride_oh + d[None, :]
@@ -87,8 +91,10 @@ def _decode_split_kernel(
     query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq_lens_ptr, qk_scale,
     stride_qs, stride_qh, stride_ps, stride_ph, stride_psplit,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt, num_splits,
+    k_scale_ptr, v_scale_ptr, stride_sb, stride_sh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, PARTITION: tl.constexpr, NATIVE_DOT: tl.constexpr,
+    QUANT: tl.constexpr,
 ):  # fmt: skip
     """Program (sequence, KV head, partition): the group's queries against ``PARTITION`` tokens."""
     seq = tl.program_id(0)
@@ -101,7 +107,8 @@ def _decode_split_kernel(
             query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq, kv_head, start, end,
             qk_scale, stride_qs, stride_qh,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
-            GROUP, GROUP_PAD, HEAD_DIM, HEAD_PAD, BLOCK_SIZE, TILE, NATIVE_DOT,
+            k_scale_ptr, v_scale_ptr, stride_sb, stride_sh,
+            GROUP, GROUP_PAD, HEAD_DIM, HEAD_PAD, BLOCK_SIZE, TILE, NATIVE_DOT, QUANT,
         )  # fmt: skip
         d = tl.arange(0, HEAD_PAD)
         p_ptrs = (
@@ -174,9 +181,13 @@ def paged_decode(
     scale: float | None = None,
     *,
     split_k: bool | None = None,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
-    """Triton paged decode (see the module docstring). ``split_k=None`` applies :func:`should_split_k`."""
+    """Triton paged decode (see the module docstring). ``split_k=None`` applies :func:`should_split_k`;
+    an 8-bit cache is read with its ``k_scale``/``v_scale`` (:mod:`.quantization`)."""
     check_cache(query, key_cache, value_cache)
+    scales = scale_args(key_cache, *check_scales(key_cache, k_scale, v_scale))
     block_size = key_cache.shape[1]
     block_tables, seq_lens, max_seq_len = check_tables(block_tables, seq_lens, key_cache, query.device)
     num_seqs, num_heads, head_dim = query.shape
@@ -204,14 +215,15 @@ def paged_decode(
         HEAD_PAD=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size,
         TILE=default_tile(block_size),
-        NATIVE_DOT=use_native_dot(query.dtype),
+        NATIVE_DOT=use_native_dot(query.dtype, key_cache.dtype),
+        QUANT=scales[-1],
     )
     cache_strides = (*key_cache.stride()[:3], *value_cache.stride()[:3])
     if not split_k:
         _decode_kernel[(num_seqs, num_kv_heads)](
             out, query, key_cache, value_cache, block_tables, seq_lens, qk_scale,
             query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-            *cache_strides, block_tables.stride(0), **meta,
+            *cache_strides, block_tables.stride(0), *scales[:-1], **meta,
         )  # fmt: skip
         return out
     num_splits = triton.cdiv(max_seq_len, PARTITION_SIZE)
@@ -221,7 +233,7 @@ def paged_decode(
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         partial, m, l, query, key_cache, value_cache, block_tables, seq_lens, qk_scale,
         query.stride(0), query.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
-        *cache_strides, block_tables.stride(0), num_splits, PARTITION=PARTITION_SIZE, **meta,
+        *cache_strides, block_tables.stride(0), num_splits, *scales[:-1], PARTITION=PARTITION_SIZE, **meta,
     )  # fmt: skip
     _reduce_kernel[(num_seqs, num_heads)](
         out, partial, m, l, seq_lens, out.stride(0), out.stride(1), num_heads, num_splits,

@@ -3,16 +3,22 @@
 :mod:`.compiled` calls the first three and tells why; :mod:`.rows` calls the last two. All arguments are
 NumPy arrays; bfloat16 arrives as its raw 16 bits (``uint16``), float32 as itself.
 
-* ``decode(query, key_cache, value_cache, blocks, seq_lens, scale, out)``: ``query[S, H, D]``;
-  caches ``[num_blocks, block_size, H_kv, D]``; ``blocks[S, W]`` and ``seq_lens[S]`` int64;
-  ``out[S, H, D]`` of the query's kind, written. Float32 arithmetic whatever the kinds: the query is
-  widened and multiplied by ``scale`` once per sequence, the result rounded once (round to nearest
-  even, as torch's ``.to(torch.bfloat16)``).
+* ``decode(query, key_cache, value_cache, k_scales, v_scales, table, blocks, seq_lens, scale, out)``:
+  ``query[S, H, D]``; caches ``[num_blocks, block_size, H_kv, D]``; ``k_scales``/``v_scales``
+  ``[num_blocks, H_kv]`` float32, what each block's head is multiplied by as it is read (an 8-bit
+  cache's scales; strides of 0 for one scale per tensor, or for a float cache's 1.0); ``fp8_format``
+  int64 ``[mantissa bits, exponent bias]`` of an fp8 cache, which arrives as its bytes (``uint8``);
+  ``blocks[S, W]`` and ``seq_lens[S]`` int64; ``out[S, H, D]`` of the query's kind, written. Float32
+  arithmetic whatever the kinds: the query is widened and multiplied by ``scale`` once per sequence,
+  the result rounded once (round to nearest even, as torch's ``.to(torch.bfloat16)``).
 * ``store(key, value, key_cache, value_cache, slot_mapping)``: rows of ``[tokens, H_kv, D]`` into
   their slots (``-1``: skip), a copy of bits.
 * ``decode_layer(query, key, value, caches, layer, slots, blocks, seq_lens, scale, out)``: the two
   above in one call, for one layer of every layer's ``caches[layers, 2, ...]`` (one dispatch from
   Python instead of two, and no per-layer views of the caches to make).
+* ``store_int8(x, cache, scales, map_blocks, map_tokens)`` and ``decode_layer_int8(...)``: the int8
+  cache's store, block by block with a scale per block and KV head (the arithmetic of
+  :func:`.quantization.store_block_scaled`, to the bit), and the fused layer step over it.
 * ``linear_rows(x, weight, bias, out)``: ``x[M, K] @ weight[N, K].T + bias[N]`` for a few rows
   (``bias`` of length 0: none), float32 sums, each weight row read once: a matrix-vector product
   that streams the weights at the memory's pace.
@@ -70,7 +76,7 @@ def widen(x):
 
 @overload(widen, inline="always")
 def _widen(x):
-    if isinstance(x, types.Integer):  # bfloat16, viewed as its 16 bits: the top half of a float32
+    if isinstance(x, types.Integer) and x.bitwidth == 16:  # bfloat16 bits: the top half of a float32
         return lambda x: widen_bits(x)
     return lambda x: np.float32(x)
 
@@ -114,8 +120,37 @@ def prefetch(typingctx, array, offset):
     return types.void(array, offset), codegen
 
 
+@njit
+def fp8_bits(bits, mantissa, bias):
+    """An fp8 byte (``mantissa`` bits, exponent ``bias``: e4m3 3 and 7, e5m2 2 and 15) -> float32,
+    exactly, in integer steps that vectorize: a normal number's exponent and mantissa move into a
+    float32's fields, the exponent rebiased; a subnormal is its mantissa times the smallest step."""
+    magnitude = np.uint32(np.uint32(bits) & np.uint32(0x7F))
+    shift = np.uint32(np.uint32(23) - mantissa)
+    normal = np.uint32((magnitude << shift) + np.uint32((np.uint32(127) - bias) << np.uint32(23)))
+    step = np.uint32((np.uint32(128) - bias - mantissa) << np.uint32(23))  # 2 ** (1 - bias - mantissa)
+    small = np.uint32(np.uint32(1) << mantissa)
+    value = normal.view(np.float32) if magnitude >= small else np.float32(magnitude) * step.view(np.float32)
+    return value if np.uint32(bits) < np.uint32(0x80) else -value
+
+
+def decoded(x, fp8):
+    """A cache element as float32; an fp8 byte by the format ``fp8`` = (mantissa bits, exponent
+    bias) (stand-in; compiled code uses the overload below)."""
+    return x
+
+
+@overload(decoded, inline="always")
+def _decoded(x, fp8):
+    if isinstance(x, types.Integer) and x.bitwidth == 8 and not x.signed:  # fp8, as its byte
+        return lambda x, fp8: fp8_bits(x, fp8[0], fp8[1])
+    return lambda x, fp8: widen(x)
+
+
 @njit(fastmath=True, cache=True, boundscheck=False, nogil=True, error_model="numpy")
-def decode(query, key_cache, value_cache, blocks, seq_lens, scale, out):  # pragma: no cover - compiled
+def decode(
+    query, key_cache, value_cache, k_scales, v_scales, fp8_format, blocks, seq_lens, scale, out
+):  # pragma: no cover - compiled
     """Each sequence's blocks in order; each block swept front to back twice, its keys (every
     query head of every KV head scored: a GQA group shares each key row it loads) then its values;
     an online softmax per query head between the sweeps, float32 accumulators. The block table
@@ -129,10 +164,13 @@ def decode(query, key_cache, value_cache, blocks, seq_lens, scale, out):  # prag
     row = num_kv_heads * head_dim  # elements in one token's keys (or values), all KV heads
     line = max(1, 64 // key_cache.itemsize)  # elements in a 64-byte cache line
     scores = np.empty((num_heads, block_size), np.float32)  # one block's, then its softmax weights
+    fp8 = (np.uint32(fp8_format[0]), np.uint32(fp8_format[1]))  # an fp8 cache's (mantissa bits, bias)
     acc = np.empty((num_heads, head_dim), np.float32)
     best = np.empty(num_heads, np.float32)  # running maximum score per query head
     total = np.empty(num_heads, np.float32)  # running sum of exp(score - best)
     scaled = np.empty((num_heads, head_dim), np.float32)  # this sequence's query, widened and scaled
+    k_scale = np.empty(num_kv_heads, np.float32)  # this block's scales, per KV head
+    v_scale = np.empty(num_kv_heads, np.float32)
     for s in range(num_seqs):
         n = seq_lens[s]
         num_blocks = (n + block_size - 1) // block_size
@@ -147,6 +185,9 @@ def decode(query, key_cache, value_cache, blocks, seq_lens, scale, out):  # prag
             keys = key_cache[block]
             values = value_cache[block]
             count = min(block_size, n - j * block_size)  # the last block may be partial
+            for h in range(num_kv_heads):
+                k_scale[h] = k_scales[block, h]
+                v_scale[h] = v_scales[block, h]
             if j + 1 < num_blocks:
                 upcoming = blocks[s, j + 1]
             elif s + 1 < num_seqs:
@@ -162,8 +203,8 @@ def decode(query, key_cache, value_cache, blocks, seq_lens, scale, out):  # prag
                         i = h * group + g
                         a = np.float32(0.0)
                         for d in range(head_dim):
-                            a += scaled[i, d] * widen(k[d])
-                        scores[i, t] = a
+                            a += scaled[i, d] * decoded(k[d], fp8)
+                        scores[i, t] = a * k_scale[h]
             for i in range(num_heads):  # online softmax: rescale what came before
                 m = best[i]
                 for t in range(count):
@@ -185,9 +226,9 @@ def decode(query, key_cache, value_cache, blocks, seq_lens, scale, out):  # prag
                     v = values[t, h]
                     for g in range(group):
                         i = h * group + g
-                        p = scores[i, t]
+                        p = scores[i, t] * v_scale[h]
                         for d in range(head_dim):
-                            acc[i, d] += p * widen(v[d])
+                            acc[i, d] += p * decoded(v[d], fp8)
         for i in range(num_heads):
             inverse = np.float32(1.0) / total[i]
             for d in range(head_dim):
@@ -210,12 +251,61 @@ def store(key, value, key_cache, value_cache, slot_mapping):  # pragma: no cover
 
 
 @njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
-def decode_layer(query, key, value, caches, layer, slots, blocks, seq_lens, scale, out):  # pragma: no cover
+def decode_layer(
+    query, key, value, caches, layer, slots, blocks, seq_lens, scale, ones, fp8_format, out
+):  # pragma: no cover - compiled
     """:func:`store` then :func:`decode` for layer ``layer`` of ``caches`` (every layer's keys and
     values, ``[layers, 2, num_blocks, block_size, H_kv, D]``): one layer of a decode step in one
-    call; the query, keys and values may be strided views, as the model hands them over."""
+    call; the query, keys and values may be strided views, as the model hands them over. ``ones``:
+    scales of 1.0 (``[num_blocks, H_kv]``, strides of 0); ``fp8_format``: unused, any two int64."""
     store(key, value, caches[layer, 0], caches[layer, 1], slots)
-    decode(query, caches[layer, 0], caches[layer, 1], blocks, seq_lens, scale, out)
+    decode(query, caches[layer, 0], caches[layer, 1], ones, ones, fp8_format, blocks, seq_lens, scale, out)
+
+
+@njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
+def store_int8(x, cache, scales, map_blocks, map_tokens):  # pragma: no cover - compiled
+    """Rows of ``x[tokens, H_kv, D]`` into an int8 ``cache`` with ``scales[num_blocks, H_kv]``,
+    block by block (``map_blocks``/``map_tokens``: a :class:`.quantization.StoreMap`): one scale per
+    touched block and head, from the old one and the new rows' largest ``|x|`` / 127; the rows
+    already there requantized to it; writing offset 0 starts the block afresh. No fast-math: the
+    roundings must be the reference's, bit for bit."""
+    block_size, num_kv_heads, head_dim = cache.shape[1], cache.shape[2], cache.shape[3]
+    for e in range(map_blocks.shape[0]):
+        block = map_blocks[e]
+        fresh = map_tokens[e, 0] >= 0
+        for h in range(num_kv_heads):
+            largest = np.float32(0.0)
+            for r in range(block_size):
+                t = map_tokens[e, r]
+                if t >= 0:
+                    for d in range(head_dim):
+                        largest = max(largest, abs(widen(x[t, h, d])))
+            old = np.float32(0.0) if fresh else scales[block, h]
+            new = max(old, largest / np.float32(127.0))
+            inverse = np.float32(1.0) / new if new > 0 else np.float32(0.0)
+            ratio = old * inverse
+            for r in range(block_size):
+                t = map_tokens[e, r]
+                for d in range(head_dim):
+                    if t >= 0:
+                        q = np.floor(widen(x[t, h, d]) * inverse + np.float32(0.5))
+                        q = min(max(q, np.float32(-127.0)), np.float32(127.0))
+                    else:
+                        q = np.floor(np.float32(cache[block, r, h, d]) * ratio + np.float32(0.5))
+                    cache[block, r, h, d] = np.int8(q)
+            scales[block, h] = new
+
+
+@njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
+def decode_layer_int8(
+    query, key, value, caches, scales, layer, map_blocks, map_tokens, blocks, seq_lens, scale, fp8_format, out
+):  # pragma: no cover - compiled
+    """:func:`decode_layer` for an int8 cache: :func:`store_int8` of the keys and values, then
+    :func:`decode` reading them with their per-block scales (``scales[layers, 2, num_blocks, H_kv]``)."""
+    store_int8(key, caches[layer, 0], scales[layer, 0], map_blocks, map_tokens)
+    store_int8(value, caches[layer, 1], scales[layer, 1], map_blocks, map_tokens)
+    decode(query, caches[layer, 0], caches[layer, 1], scales[layer, 0], scales[layer, 1], fp8_format, blocks,
+           seq_lens, scale, out)  # fmt: skip
 
 
 @njit(fastmath={"reassoc", "contract"}, cache=True, boundscheck=False, nogil=True, error_model="numpy")

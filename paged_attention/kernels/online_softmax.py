@@ -20,6 +20,11 @@ Precision: compiled on a GPU with fp16/bf16 caches (``NATIVE_DOT``), both produc
 inputs in that dtype, so they run on tensor cores, and accumulate in float32, as FlashAttention does.
 Under the interpreter, and for float32 caches, everything is converted to float32 at once: the
 interpreter computes bf16 arithmetic wrongly, and float32 makes the CPU results exact.
+
+Quantized pages (``QUANT``, :mod:`.quantization`): an 8-bit row is widened to float32 and multiplied
+by its scale in registers, right after the load, and the products run in float32. The scale of a
+row is found through the same block id as the row itself: one per (block, KV head) for int8, or one
+for the whole tensor (fp8), which the launcher expresses as strides of 0.
 """
 
 from __future__ import annotations
@@ -52,12 +57,17 @@ def attend_tiles(
     stride_vb,
     stride_vt,
     stride_vh,
+    k_scale_ptr,  # an 8-bit cache's scales: (block, kv_head)'s at block * stride_sb + kv_head * stride_sh
+    v_scale_ptr,
+    stride_sb,  # 0 and 0 for one scale per tensor (fp8)
+    stride_sh,
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr,
     CAUSAL: tl.constexpr,
     NATIVE_DOT: tl.constexpr,
+    QUANT: tl.constexpr,  # the cache is 8-bit: each row is widened and multiplied by its scale as it loads
 ):
     """Return ``acc [ROWS, HEAD_PAD]``, ``m [ROWS]``, ``l [ROWS]``; the output is ``acc / l``."""
     ROWS: tl.constexpr = q.shape[0]
@@ -76,6 +86,10 @@ def attend_tiles(
         k = tl.load(k_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
         v_rows = value_cache_ptr + block * stride_vb + offset * stride_vt + kv_head * stride_vh
         v = tl.load(v_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if QUANT:  # dequantize on load: the 8-bit rows never exist in memory as anything wider
+            scale_at = block * stride_sb + kv_head * stride_sh
+            k = k.to(tl.float32) * tl.load(k_scale_ptr + scale_at, mask=in_range, other=0.0)[:, None]
+            v = v.to(tl.float32) * tl.load(v_scale_ptr + scale_at, mask=in_range, other=0.0)[:, None]
         if NATIVE_DOT:  # compiled fp16/bf16: tensor cores multiply, float32 accumulates
             scores = tl.dot(q.to(k.dtype), tl.trans(k))
         else:  # the interpreter (and float32 caches): exact float32 arithmetic
@@ -98,9 +112,22 @@ def attend_tiles(
     return acc, m, l
 
 
-def use_native_dot(dtype: torch.dtype) -> bool:
-    """Feed ``tl.dot`` fp16/bf16 directly (tensor cores) when compiled; float32 under the interpreter."""
-    return dtype in (torch.float16, torch.bfloat16) and not triton_interpreted()
+def use_native_dot(dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> bool:
+    """Feed ``tl.dot`` fp16/bf16 directly (tensor cores) when compiled; float32 under the interpreter
+    and for 8-bit caches (dequantized to float32)."""
+    quantized = cache_dtype is not None and cache_dtype.itemsize == 1
+    return dtype in (torch.float16, torch.bfloat16) and not triton_interpreted() and not quantized
+
+
+def scale_args(
+    key_cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, int, int, bool]:
+    """The scale arguments of :func:`attend_tiles` for a cache and its checked scales: pointers,
+    strides (0, 0 per tensor) and ``QUANT``; a float cache passes itself as a pointer never read."""
+    if k_scale is None or v_scale is None:
+        return key_cache, key_cache, 0, 0, False
+    strides = (k_scale.stride(0), k_scale.stride(1)) if k_scale.dim() == 2 else (0, 0)
+    return k_scale, v_scale, *strides, True
 
 
 def default_tile(block_size: int) -> int:

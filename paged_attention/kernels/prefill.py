@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 from .._triton_env import triton_interpreted
-from .online_softmax import LOG2E, attend_tiles, default_tile, use_native_dot
-from .validation import check_cache, check_query_start_loc, check_tables, default_scale
+from .online_softmax import LOG2E, attend_tiles, default_tile, scale_args, use_native_dot
+from .validation import check_cache, check_query_start_loc, check_scales, check_tables, default_scale
 
 
 @triton.jit
@@ -47,6 +47,10 @@ def _prefill_kernel(
     stride_vt,
     stride_vh,
     stride_bt,
+    k_scale_ptr,
+    v_scale_ptr,
+    stride_sb,
+    stride_sh,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -55,6 +59,7 @@ def _prefill_kernel(
     TILE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     NATIVE_DOT: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     q_tile = tl.program_id(0)
     seq = tl.program_id(1)
@@ -76,7 +81,8 @@ def _prefill_kernel(
         acc, _m, l = attend_tiles(
             q, context + token, key_cache_ptr, value_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head,
             0, last_query, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-            HEAD_DIM, HEAD_PAD, BLOCK_SIZE, TILE, CAUSAL=True, NATIVE_DOT=NATIVE_DOT,
+            k_scale_ptr, v_scale_ptr, stride_sb, stride_sh,
+            HEAD_DIM, HEAD_PAD, BLOCK_SIZE, TILE, CAUSAL=True, NATIVE_DOT=NATIVE_DOT, QUANT=QUANT,
         )  # fmt: skip
         out = acc / tl.where(l > 0, l, 1.0)[:, None]
         o_ptrs = out_ptr + (q_start + token)[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
@@ -91,9 +97,14 @@ def paged_prefill(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float | None = None,
+    *,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
-    """Triton paged prefill (see the module docstring); same contract as the reference."""
+    """Triton paged prefill (see the module docstring); same contract as the reference (an 8-bit
+    cache read with its ``k_scale``/``v_scale``)."""
     check_cache(query, key_cache, value_cache)
+    scales = scale_args(key_cache, *check_scales(key_cache, k_scale, v_scale))
     block_size = key_cache.shape[1]
     block_tables, seq_lens, _ = check_tables(block_tables, seq_lens, key_cache, query.device)
     query_start_loc, max_query_len = check_query_start_loc(query_start_loc, seq_lens, query.shape[0])
@@ -109,7 +120,7 @@ def paged_prefill(
     # Rows per program = BLOCK_M tokens x GROUP_PAD heads: 64 when compiled, where prefill is
     # compute-bound and bigger tiles reuse each K/V tile for more rows; 16 under the interpreter,
     # where nothing needs more (a compiled tl.dot needs K >= 16, not rows) and NumPy work stays small.
-    native = use_native_dot(query.dtype)
+    native = use_native_dot(query.dtype, key_cache.dtype)
     rows = 16 if triton_interpreted() else 64
     block_m = max(1, rows // group_pad)
     grid = (triton.cdiv(max_query_len, block_m), seq_lens.shape[0], num_kv_heads)
@@ -117,9 +128,9 @@ def paged_prefill(
         out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
         default_scale(head_dim, scale) * LOG2E,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        *key_cache.stride()[:3], *value_cache.stride()[:3], block_tables.stride(0),
+        *key_cache.stride()[:3], *value_cache.stride()[:3], block_tables.stride(0), *scales[:-1],
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
         HEAD_PAD=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
-        TILE=default_tile(block_size), BLOCK_M=block_m, NATIVE_DOT=native,
+        TILE=default_tile(block_size), BLOCK_M=block_m, NATIVE_DOT=native, QUANT=scales[-1],
     )  # fmt: skip
     return out

@@ -18,18 +18,35 @@ from dataclasses import dataclass
 import torch
 
 from .._checks import cdiv
-from .validation import check_cache, check_query_start_loc, check_store_args, check_tables, default_scale
+from .quantization import dequantize_blocks, store_quantized
+from .validation import (
+    check_cache,
+    check_query_start_loc,
+    check_scales,
+    check_store_args,
+    check_tables,
+    default_scale,
+)
+
+Scale = torch.Tensor | None  # an 8-bit cache's scales (:mod:`.quantization`), checked; None: a float cache
 
 
 def gather_kv(
-    key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_len: int,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's keys and values, contiguous: ``[seq_len, num_kv_heads, head_dim]`` each."""
+    """One sequence's keys and values, contiguous: ``[seq_len, num_kv_heads, head_dim]`` each
+    (an 8-bit cache's dequantized to float32 with its scales)."""
     block_size = key_cache.shape[1]
     num_blocks = cdiv(seq_len, block_size)
     blocks = block_table[:num_blocks].long()
-    keys = key_cache.index_select(0, blocks).flatten(0, 1)[:seq_len]
-    return keys, value_cache.index_select(0, blocks).flatten(0, 1)[:seq_len]
+    keys = dequantize_blocks(key_cache.index_select(0, blocks), k_scale, blocks)
+    values = dequantize_blocks(value_cache.index_select(0, blocks), v_scale, blocks)
+    return keys.flatten(0, 1)[:seq_len], values.flatten(0, 1)[:seq_len]
 
 
 @dataclass(frozen=True)
@@ -58,12 +75,18 @@ class GatherPlan:
         return cls(blocks.view(-1), valid[:, :max_len], width, max_len, seq_lens)
 
 
-#: ``decode(query, key_cache, value_cache, plan, scale)``: a decode attention built on a plan.
-DecodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, GatherPlan, float], torch.Tensor]
+#: ``decode(query, key_cache, value_cache, plan, scale, k_scale, v_scale)``: a decode attention
+#: built on a plan.
+DecodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, GatherPlan, float, Scale, Scale], torch.Tensor]
 
 
 def gather_kv_padded(
-    key_cache: torch.Tensor, value_cache: torch.Tensor, plan: GatherPlan, zero_padding: bool = True
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    plan: GatherPlan,
+    zero_padding: bool = True,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Every sequence's keys and values padded to the longest: ``[num_seqs, max_len, kv_heads, dim]``.
 
@@ -75,8 +98,9 @@ def gather_kv_padded(
     block_size = key_cache.shape[1]
     shape = (plan.valid.shape[0], plan.width * block_size, *key_cache.shape[2:])
     # index_select copies whole blocks and is several times faster than key_cache[blocks] on a CPU.
-    keys = key_cache.index_select(0, plan.blocks).view(shape)[:, : plan.max_len]
-    values = value_cache.index_select(0, plan.blocks).view(shape)[:, : plan.max_len]
+    keys = dequantize_blocks(key_cache.index_select(0, plan.blocks), k_scale, plan.blocks)
+    values = dequantize_blocks(value_cache.index_select(0, plan.blocks), v_scale, plan.blocks)
+    keys, values = keys.view(shape)[:, : plan.max_len], values.view(shape)[:, : plan.max_len]
     if zero_padding:
         values.masked_fill_(~plan.valid[:, :, None, None], 0)  # in place: `values` is a fresh copy
     return keys, values
@@ -124,9 +148,14 @@ def paged_decode(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float | None = None,
+    *,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
-    """One new query token per sequence attends to all ``seq_lens[i]`` cached tokens of sequence ``i``."""
+    """One new query token per sequence attends to all ``seq_lens[i]`` cached tokens of sequence ``i``
+    (an 8-bit cache read with its ``k_scale``/``v_scale``, :mod:`.quantization`)."""
     check_cache(query, key_cache, value_cache, allow_float64=True)
+    k_scale, v_scale = check_scales(key_cache, k_scale, v_scale)
     check_tables(block_tables, seq_lens, key_cache, query.device)
     if query.shape[0] != seq_lens.shape[0]:
         raise ValueError(
@@ -134,21 +163,9 @@ def paged_decode(
         )
     if query.shape[0] == 0:
         return torch.empty_like(query)
-    return _decode(
-        query, key_cache, value_cache, block_tables, seq_lens, default_scale(query.shape[2], scale)
-    )
-
-
-def _decode(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
     plan = GatherPlan.build(block_tables, seq_lens, key_cache.shape[1])
-    return decode_with_plan(query, key_cache, value_cache, plan, scale)
+    scale = default_scale(query.shape[2], scale)
+    return decode_with_plan(query, key_cache, value_cache, plan, scale, k_scale=k_scale, v_scale=v_scale)
 
 
 def decode_with_plan(
@@ -160,6 +177,8 @@ def decode_with_plan(
     zero_padding: bool = True,
     fused: bool = False,
     compute: torch.dtype | None = None,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> torch.Tensor:
     """Decode attention from a prebuilt :class:`GatherPlan` (no checks: the caller validated once).
 
@@ -170,12 +189,12 @@ def decode_with_plan(
     (3x faster than converting). The explicit version stays the oracle; a test compares them.
     ``compute`` (unfused only): :func:`attend`'s.
     """
-    keys, values = gather_kv_padded(key_cache, value_cache, plan, zero_padding)
+    keys, values = gather_kv_padded(key_cache, value_cache, plan, zero_padding, k_scale, v_scale)
     if fused and query.dtype != torch.float64 and compute is None:
         out = torch.nn.functional.scaled_dot_product_attention(
             query[:, :, None],  # [seqs, heads, 1, dim]
-            keys.transpose(1, 2),  # [seqs, kv_heads, max_len, dim]
-            values.transpose(1, 2),
+            keys.to(query.dtype).transpose(1, 2),  # [seqs, kv_heads, max_len, dim]
+            values.to(query.dtype).transpose(1, 2),
             attn_mask=plan.valid[:, None, None, :],
             scale=scale,
             enable_gqa=True,
@@ -202,6 +221,9 @@ def paged_prefill(
     fused: bool = False,
     decode: DecodeFn | None = None,
     compute: torch.dtype | None = None,
+    *,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """Packed new tokens attend causally: the ``j``-th of ``q_len`` new tokens of a sequence with
     ``seq_len`` cached tokens (new ones included) sits at position ``seq_len - q_len + j``.
@@ -212,8 +234,9 @@ def paged_prefill(
     token, and for those that bring up to :data:`DECODE_ROWS_MAX` (a few speculative drafts to
     verify), one decode row per token (the compiled backend passes its in-place kernel).
     ``compute=torch.float64`` (with ``fused=False``): every row in float64, the batch-invariant
-    mode's attention (see :func:`attend`)."""
+    mode's attention (see :func:`attend`). An 8-bit cache is read with its ``k_scale``/``v_scale``."""
     check_cache(query, key_cache, value_cache, allow_float64=True)
+    k_scale, v_scale = check_scales(key_cache, k_scale, v_scale)
     check_tables(block_tables, seq_lens, key_cache, query.device)
     check_query_start_loc(query_start_loc, seq_lens, query.shape[0])
     scale = default_scale(query.shape[2], scale)
@@ -237,22 +260,23 @@ def paged_prefill(
             key_cache.shape[1],
         )  # fmt: skip
         if decode is not None:
-            out[row_index] = decode(query[row_index], key_cache, value_cache, plan, scale)
+            out[row_index] = decode(query[row_index], key_cache, value_cache, plan, scale, k_scale, v_scale)
         else:
             out[row_index] = decode_with_plan(
-                query[row_index], key_cache, value_cache, plan, scale, fused=fused, compute=compute
-            )
+                query[row_index], key_cache, value_cache, plan, scale, fused=fused, compute=compute,
+                k_scale=k_scale, v_scale=v_scale,
+            )  # fmt: skip
     for i, seq_len in enumerate(lens):
         if q_lens[i] <= longest:
             continue
         start, end = starts[i], starts[i + 1]
-        k, v = gather_kv(key_cache, value_cache, block_tables[i], seq_len)
+        k, v = gather_kv(key_cache, value_cache, block_tables[i], seq_len, k_scale, v_scale)
         q_pos = seq_len - q_lens[i] + torch.arange(q_lens[i], device=query.device)
         visible = torch.arange(seq_len, device=query.device)[None, :] <= q_pos[:, None]
         if fused and query.dtype != torch.float64 and compute is None:
             # [1, heads, tokens, dim]: with a batch dimension torch takes its fused (flash) CPU
             # kernel, as transformers' own SDPA layers do; 3-D inputs take the math path, 2x slower
-            heads_first = [t.transpose(0, 1)[None] for t in (query[start:end], k, v)]
+            heads_first = [t.to(query.dtype).transpose(0, 1)[None] for t in (query[start:end], k, v)]
             out[start:end] = torch.nn.functional.scaled_dot_product_attention(
                 *heads_first, attn_mask=visible, scale=scale, enable_gqa=True
             )[0].transpose(0, 1)
@@ -269,14 +293,22 @@ def store_kv(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
 ) -> None:
     """Scatter ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` into their cache slots.
 
     Pure PyTorch, in place. ``slot_mapping`` is int64 ``[num_tokens]``; a slot of ``-1`` means
     "do not store this token" (vLLM uses it for padding). The cache is viewed as
-    ``[num_blocks * block_size, num_kv_heads, head_dim]``, one row per slot.
+    ``[num_blocks * block_size, num_kv_heads, head_dim]``, one row per slot. An 8-bit cache is
+    written quantized (:func:`.quantization.store_quantized`; int8 updates ``k_scale``/``v_scale``).
     """
     check_store_args(key, value, key_cache, value_cache, slot_mapping)
+    k_scale, v_scale = check_scales(key_cache, k_scale, v_scale)
+    if k_scale is not None and v_scale is not None:
+        store_quantized(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
+        return
     store_rows(key, value, key_cache, value_cache, slot_mapping)
 
 

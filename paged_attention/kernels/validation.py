@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: 8-bit caches (:mod:`.quantization`): read with scales, beside a query of any float dtype.
+QUANTIZED_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
 MAX_HEAD_DIM = 256
 
 
@@ -39,16 +41,19 @@ def check_cache(
             f"got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
         )
     allowed = (*FLOAT_DTYPES, torch.float64) if allow_float64 else FLOAT_DTYPES
-    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
-        if t.dtype not in allowed:
-            names = (
-                "float32, float16, bfloat16 or float64" if allow_float64 else "float32, float16 or bfloat16"
+    names = "float32, float16, bfloat16 or float64" if allow_float64 else "float32, float16 or bfloat16"
+    if query.dtype not in allowed:
+        raise TypeError(f"query must be {names}, got {query.dtype}")
+    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if t.dtype not in allowed and t.dtype not in QUANTIZED_DTYPES:
+            raise TypeError(
+                f"{name} must be {names}, or an 8-bit format (fp8 e4m3/e5m2, int8), got {t.dtype}"
             )
-            raise TypeError(f"{name} must be {names}, got {t.dtype}")
-    if not query.dtype == key_cache.dtype == value_cache.dtype:
+    quantized = key_cache.dtype in QUANTIZED_DTYPES
+    if key_cache.dtype != value_cache.dtype or (not quantized and query.dtype != key_cache.dtype):
         raise TypeError(
-            f"query, key_cache and value_cache must share one dtype, got {query.dtype}, "
-            f"{key_cache.dtype}, {value_cache.dtype}"
+            f"query, key_cache and value_cache must share one dtype (or the caches one 8-bit format), got "
+            f"{query.dtype}, {key_cache.dtype}, {value_cache.dtype}"
         )
     if not query.device == key_cache.device == value_cache.device:
         raise ValueError(f"all tensors must be on one device, got {query.device} and {key_cache.device}")
@@ -134,6 +139,42 @@ def check_query_start_loc(
     if n and (int(q_lens.min()) < 1 or bool((q_lens > seq_lens).any())):
         raise ValueError("every sequence needs 1 <= new tokens <= seq_len (query_start_loc vs seq_lens)")
     return query_start_loc.contiguous(), int(q_lens.max()) if n else 0
+
+
+def check_scales(
+    key_cache: torch.Tensor, k_scale: torch.Tensor | float | None, v_scale: torch.Tensor | float | None
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
+    """The scales that go with a cache (:mod:`.quantization`): none for a float cache; per tensor for
+    fp8 (a number or a 0-d tensor each; ``None``: 1.0); per block and KV head for int8 (float32
+    ``[num_blocks, num_kv_heads]`` each, required, contiguous). Returns them as float32 tensors."""
+    if key_cache.dtype not in QUANTIZED_DTYPES:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(f"k_scale/v_scale go with an 8-bit cache; this one is {key_cache.dtype}")
+        return None, None
+    out = []
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if key_cache.dtype == torch.int8:
+            want = (key_cache.shape[0], key_cache.shape[2])
+            if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or tuple(s.shape) != want:
+                got = f"{s.dtype} {tuple(s.shape)}" if isinstance(s, torch.Tensor) else type(s).__name__
+                raise ValueError(
+                    f"an int8 cache keeps one scale per block and KV head: {name} must be a float32 "
+                    f"[num_blocks, num_kv_heads] = {list(want)} tensor, got {got}"
+                )
+            if not s.is_contiguous() or s.device != key_cache.device:
+                raise ValueError(f"{name} must be contiguous and on {key_cache.device} like the cache")
+        else:
+            if s is None:
+                s = 1.0
+            if isinstance(s, bool) or not isinstance(s, (int, float, torch.Tensor)):
+                raise TypeError(f"{name} must be a number or a 0-d tensor for an fp8 cache, got {s!r}")
+            s = torch.as_tensor(s, dtype=torch.float32, device=key_cache.device)
+            if s.dim() != 0 or not bool(s > 0):
+                raise ValueError(
+                    f"an fp8 cache has one positive scale per tensor: {name} must be 0-d and > 0"
+                )
+        out.append(s)
+    return out[0], out[1]
 
 
 def default_scale(head_dim: int, scale: float | None) -> float:

@@ -100,7 +100,7 @@ def size_kv_cache(
         memory = kv_cache_memory if kv_cache_memory is not None else default
         check_int("kv_cache_memory", memory, minimum=1)
         num_blocks = spec.num_blocks_for_budget(memory, block_size)
-    block_bytes = spec.bytes_per_token * block_size
+    block_bytes = spec.bytes_per_block(block_size)
     what = f"a KV cache of {num_blocks} blocks of {block_size} tokens ({block_bytes} bytes each)"
     check_kv_fits(num_blocks * block_bytes, device, what)
     return num_blocks

@@ -10,6 +10,11 @@ models such as Llama-3-8B share each KV head between several query heads and nee
 A 2048-token request on OPT-13B holds 1.56 GiB of KV cache (1.6 GB in the paper, §3): the KV cache, not the
 weights, decides how many requests a GPU can serve at once.
 
+An 8-bit cache (``kv_cache_dtype`` "fp8", "fp8_e5m2", "int8": :mod:`...kernels.quantization`) holds
+one byte per value and its scales beside the pages: ``scales[num_layers, 2]`` (fp8, one per tensor) or
+``scales[num_layers, 2, num_blocks, num_kv_heads]`` (int8, per block and KV head, 4 bytes each: at
+SmolLM2's shapes and block size 16, 45 bytes a token on top of 11,520).
+
 The cache here is one tensor ``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]``.
 For each layer, ``key_cache`` and ``value_cache`` are ``[num_blocks, block_size, num_kv_heads,
 head_dim]`` views (the "NHD" layout of vLLM's flash backend and FlashInfer). Flattening the first
@@ -27,13 +32,15 @@ import torch
 
 from ... import kernels
 from ..._checks import as_dtype, check_positive_int
+from ...kernels import quantization
 from ...memory import sizes
 from ...memory.page_table import BlockCopy
 
 
 @dataclass(frozen=True)
 class KVCacheSpec:
-    """The shape of one token's KV state: everything the cache size depends on."""
+    """The shape of one token's KV state: everything the cache size depends on (``dtype``: what the
+    cache stores, an 8-bit format included)."""
 
     num_layers: int
     num_kv_heads: int
@@ -47,12 +54,16 @@ class KVCacheSpec:
             raise TypeError(f"dtype must be a torch.dtype, got {type(self.dtype).__name__}")
 
     @classmethod
-    def from_config(cls, config: Any, dtype: torch.dtype | str | None = None) -> KVCacheSpec:
+    def from_config(
+        cls, config: Any, dtype: torch.dtype | str | None = None, kv_cache_dtype: str = "auto"
+    ) -> KVCacheSpec:
         """Read layers, KV heads and head size from a transformers ``PretrainedConfig``.
 
-        ``dtype`` defaults to the dtype the config declares, else float16 (how these models are
-        served). Configs without ``num_key_value_heads`` (OPT, GPT-2) use one KV head per query
-        head; configs without ``head_dim`` use ``hidden_size // num_attention_heads``.
+        ``dtype`` (the model's) defaults to the dtype the config declares, else float16 (how these
+        models are served); ``kv_cache_dtype`` (vLLM's, :mod:`...kernels.quantization`) may store the
+        cache in another, "auto" in the model's. Configs without ``num_key_value_heads`` (OPT,
+        GPT-2) use one KV head per query head; configs without ``head_dim`` use
+        ``hidden_size // num_attention_heads``.
         """
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         num_heads = text_config.num_attention_heads
@@ -62,19 +73,39 @@ class KVCacheSpec:
             # transformers >= 4.56 calls it ``dtype``; older releases ``torch_dtype``.
             name = "dtype" if hasattr(text_config, "dtype") else "torch_dtype"
             dtype = getattr(text_config, name, None)
-        return cls(text_config.num_hidden_layers, num_kv_heads, head_dim, as_dtype(dtype or torch.float16))
+        storage = quantization.storage_dtype(kv_cache_dtype, as_dtype(dtype or torch.float16))
+        return cls(text_config.num_hidden_layers, num_kv_heads, head_dim, storage)
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the cache stores 8-bit values with scales (:mod:`...kernels.quantization`)."""
+        return quantization.is_quantized(self.dtype)
 
     @property
     def bytes_per_token(self) -> int:
+        """The keys' and values' own bytes for one token (a block's scales: :meth:`bytes_per_block`)."""
         element = torch.empty((), dtype=self.dtype).element_size()
         return sizes.bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, element)
 
+    @property
+    def scale_bytes_per_block(self) -> int:
+        """Bytes of scales a block carries: int8's, per block and KV head; 0 otherwise (fp8's
+        per-tensor scales are 8 bytes a layer, whatever the cache's size)."""
+        if not quantization.per_block(self.dtype):
+            return 0
+        return sizes.scale_bytes_per_block(self.num_layers, self.num_kv_heads)
+
     def bytes_per_block(self, block_size: int) -> int:
-        return self.bytes_per_token * check_positive_int("block_size", block_size)
+        """A block's bytes, its scales included."""
+        return (
+            self.bytes_per_token * check_positive_int("block_size", block_size) + self.scale_bytes_per_block
+        )
 
     def num_blocks_for_budget(self, budget_bytes: int, block_size: int) -> int:
-        """How many whole blocks of ``block_size`` tokens fit in ``budget_bytes`` of memory."""
-        return sizes.num_blocks_for_budget(budget_bytes, self.bytes_per_token, block_size)
+        """How many whole blocks of ``block_size`` tokens (scales included) fit in ``budget_bytes``."""
+        return sizes.num_blocks_for_budget(
+            budget_bytes, self.bytes_per_token, block_size, self.scale_bytes_per_block
+        )
 
 
 #: The KV cache's size on a CPU when none is given (on CUDA, ``gpu_memory_utilization`` decides).
@@ -126,6 +157,23 @@ def kv_bytes_per_token(config: Any, dtype: torch.dtype | str | None = None) -> i
     return KVCacheSpec.from_config(config, dtype).bytes_per_token
 
 
+def check_calibration(calculate_kv_scales: object, dtype: torch.dtype) -> bool:
+    """``calculate_kv_scales`` checked: a bool, true only with an fp8 cache (int8 scales come from
+    its stores)."""
+    if not isinstance(calculate_kv_scales, bool):
+        raise TypeError(f"calculate_kv_scales must be a bool, got {calculate_kv_scales!r}")
+    if calculate_kv_scales and dtype not in quantization.FP8_DTYPES:
+        raise ValueError(
+            "calculate_kv_scales=True sets the per-tensor scales of an fp8 cache: pass kv_cache_dtype='fp8', "
+            f"'fp8_e4m3' or 'fp8_e5m2' (this cache stores {str(dtype).removeprefix('torch.')})"
+        )
+    return calculate_kv_scales
+
+
+#: What :meth:`KVCache.read_blocks` copies out: the blocks' K/V, and their scales (int8) or None.
+Contents = tuple[torch.Tensor, torch.Tensor | None]
+
+
 class KVCache:
     """All layers' paged K/V storage, allocated once up front (the memory the allocator hands out)."""
 
@@ -139,25 +187,68 @@ class KVCache:
         self.block_size = block_size
         shape = (spec.num_layers, 2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
         self.data = torch.zeros(shape, dtype=spec.dtype, device=device)
-        self._saved: list[tuple[list[int], torch.Tensor]] = []  # blocks protected in the open step
+        scale_shape = quantization.scale_shape(spec.dtype, num_blocks, spec.num_kv_heads)
+        #: An 8-bit cache's scales, ``[num_layers, 2, ...]`` (K then V): fp8 one each (1.0 until
+        #: calibrated), int8 one per block and KV head (set by the stores); ``None`` for a float cache.
+        self.scales: torch.Tensor | None = None
+        if scale_shape is not None:
+            fill = 0.0 if scale_shape else 1.0
+            self.scales = torch.full(
+                (spec.num_layers, 2, *scale_shape), fill, dtype=torch.float32, device=device
+            )
+        #: fp8 with ``calculate_kv_scales``: the first step that stores tokens sets each layer's scales.
+        self.calibrating = False
+        self._calibrated = False  # the open step has calibrated
+        self._saved: list[tuple[list[int], Contents]] = []  # blocks protected in the open step
+        self._saved_scales: torch.Tensor | None = None  # per-tensor scales while calibrating
 
     # -- a step is a transaction (:mod:`.transaction`) -------------------------------------------
     def begin(self) -> None:
         self._saved = []
+        self._calibrated = False
+        self._saved_scales = self.scales.clone() if self.calibrating and self.scales is not None else None
 
     def protect(self, block_ids: list[int]) -> None:
-        """Save the K/V of ``block_ids`` before the step overwrites them (blocks it took that held
-        someone's data when it began): a rollback writes them back. Nothing else is copied."""
+        """Save the K/V (and scales) of ``block_ids`` before the step overwrites them (blocks it took
+        that held someone's data when it began): a rollback writes them back. Nothing else is copied.
+        (An int8 block the step only appends to may have its rows requantized to a larger scale; a
+        store of the same tokens again changes nothing more, so the step's rerun is the same.)"""
         if block_ids:
             self._saved.append((list(block_ids), self.read_blocks(block_ids)))
 
     def commit(self) -> None:
         self._saved = []
+        if self._calibrated:
+            self.calibrating = False
+        self._saved_scales = None
 
     def rollback(self) -> None:
         for block_ids, saved in reversed(self._saved):
             self.write_blocks(block_ids, saved)
+        if self._saved_scales is not None and self.scales is not None:
+            self.scales.copy_(self._saved_scales)
         self._saved = []
+        self._saved_scales = None
+
+    def calibrate(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """``calculate_kv_scales``: set layer ``layer``'s fp8 scales from the keys and values it is
+        about to store (:func:`~...kernels.quantization.calculated_scales`), while :attr:`calibrating`."""
+        if self.calibrating and self.scales is not None and key.numel():
+            k_scale, v_scale = quantization.calculated_scales(key, value)
+            self.scales[layer, 0] = k_scale
+            self.scales[layer, 1] = v_scale
+            self._calibrated = True
+
+    def k_scale(self, layer: int) -> torch.Tensor | None:
+        """Layer ``layer``'s key scales (a view: ``[]`` fp8, ``[num_blocks, num_kv_heads]`` int8), or None."""
+        return None if self.scales is None else self.scales[layer, 0]
+
+    def v_scale(self, layer: int) -> torch.Tensor | None:
+        return None if self.scales is None else self.scales[layer, 1]
+
+    @property
+    def per_block_scales(self) -> bool:
+        return self.scales is not None and self.scales.dim() == 4
 
     @property
     def num_slots(self) -> int:
@@ -165,7 +256,9 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return self.data.numel() * self.data.element_size()
+        """The pages' bytes and their scales'."""
+        scales = 0 if self.scales is None else self.scales.numel() * self.scales.element_size()
+        return self.data.numel() * self.data.element_size() + scales
 
     def key_cache(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s keys, ``[num_blocks, block_size, num_kv_heads, head_dim]`` (a view)."""
@@ -176,8 +269,9 @@ class KVCache:
         return self.data[layer, 1]
 
     def store(self, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """Write new tokens' keys and values of one layer into their slots."""
-        kernels.store_kv(key, value, self.key_cache(layer), self.value_cache(layer), slot_mapping)
+        """Write new tokens' keys and values of one layer into their slots (quantized, for an 8-bit cache)."""
+        kernels.store_kv(key, value, self.key_cache(layer), self.value_cache(layer), slot_mapping,
+                         k_scale=self.k_scale(layer), v_scale=self.v_scale(layer))  # fmt: skip
 
     def copy_blocks(self, copies: Iterable[BlockCopy]) -> None:
         """Perform copy-on-write copies in every layer: block ``src``'s K and V into ``dst``."""
@@ -188,14 +282,23 @@ class KVCache:
         src = torch.tensor([s for s, _ in pairs], device=self.data.device)
         dst = torch.tensor([d for _, d in pairs], device=self.data.device)
         self.data[:, :, dst] = self.data[:, :, src]
+        if self.per_block_scales:  # a copied block takes its scales along
+            assert self.scales is not None
+            self.scales[:, :, dst] = self.scales[:, :, src]
 
-    def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
-        """A copy of every layer's K and V of ``block_ids`` (to put back with :meth:`write_blocks`)."""
-        return self.data[:, :, torch.tensor(block_ids, dtype=torch.long, device=self.data.device)].clone()
+    def read_blocks(self, block_ids: list[int]) -> Contents:
+        """A copy of every layer's K and V of ``block_ids``, and their scales for an int8 cache (to
+        put back with :meth:`write_blocks`)."""
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.data.device)
+        scales = self.scales[:, :, index].clone() if self.per_block_scales else None  # type: ignore[index]
+        return self.data[:, :, index].clone(), scales
 
-    def write_blocks(self, block_ids: list[int], saved: torch.Tensor) -> None:
+    def write_blocks(self, block_ids: list[int], saved: Contents) -> None:
         """Put back what :meth:`read_blocks` copied out of ``block_ids``."""
-        self.data[:, :, torch.tensor(block_ids, dtype=torch.long, device=self.data.device)] = saved
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.data.device)
+        self.data[:, :, index] = saved[0]
+        if saved[1] is not None and self.scales is not None:
+            self.scales[:, :, index] = saved[1]
 
     def copy_blocks_to(self, other: KVCache, pairs: Iterable[tuple[int, int]]) -> None:
         """Copy block ``src`` of this cache into block ``dst`` of ``other`` (swapping to/from CPU)."""
@@ -206,6 +309,11 @@ class KVCache:
         src = torch.tensor([s for s, _ in pairs], device=self.data.device)
         dst = torch.tensor([d for _, d in pairs], device=other.data.device)
         other.data[:, :, dst] = self.data[:, :, src].to(other.data.device)
+        if self.scales is not None and other.scales is not None:  # the scales go with the pages
+            if self.per_block_scales:
+                other.scales[:, :, dst] = self.scales[:, :, src].to(other.scales.device)
+            else:
+                other.scales.copy_(self.scales)
 
     @staticmethod
     def _check_block_ids(pairs: list[tuple[int, int]], source: KVCache, target: KVCache) -> None:

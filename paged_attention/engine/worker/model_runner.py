@@ -68,6 +68,7 @@ class ForwardContext:
     step: kernels.compiled.DecodeStep | None = None  # CPU decode (compiled): caches and plan as NumPy arrays
     invariant: bool = False  # batch-invariant mode: every query length takes the one float64 path
     checked: bool = False  # the step's slot mapping has been checked against the cache (first layer)
+    store_map: kernels.StoreMap | None = None  # an int8 cache's: which new tokens go to which block
 
 
 _context: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(
@@ -128,19 +129,26 @@ def _attend(
         if out is not None:
             return out.unsqueeze(0), None
     k, v = k.contiguous(), v.contiguous()
-    key_cache, value_cache = ctx.kv_cache.key_cache(layer), ctx.kv_cache.value_cache(layer)
-    kernels.store_kv(k, v, key_cache, value_cache, ctx.slot_mapping, backend=ctx.backend, checked=ctx.checked)
+    cache = ctx.kv_cache
+    key_cache, value_cache = cache.key_cache(layer), cache.value_cache(layer)
+    if cache.calibrating:  # fp8 with calculate_kv_scales: this step's tokens set the layer's scales
+        keep = ctx.slot_mapping >= 0
+        cache.calibrate(layer, k[keep], v[keep])
+    scales = {"k_scale": cache.k_scale(layer), "v_scale": cache.v_scale(layer)}  # None for a float cache
+    kernels.store_kv(k, v, key_cache, value_cache, ctx.slot_mapping, backend=ctx.backend, checked=ctx.checked,
+                     plan=ctx.store_map, **scales)  # fmt: skip
     ctx.checked = True  # the step's slots are the same for every layer, and so are the caches' shapes
     q = q.contiguous()
     if ctx.invariant:  # one path for every query length, sums in float64 (see ModelRunner)
         out = reference.paged_prefill(q, key_cache, value_cache, ctx.block_tables, ctx.seq_lens,
-                                      ctx.query_start_loc, scaling, compute=torch.float64)  # fmt: skip
+                                      ctx.query_start_loc, scaling, compute=torch.float64,
+                                      **scales)  # fmt: skip
     elif ctx.decode_only:  # the plan (torch backend) was checked once for all layers: the cache is finite
         out = kernels.paged_decode(q, key_cache, value_cache, ctx.block_tables, ctx.seq_lens, scaling,
-                                   backend=ctx.backend, plan=ctx.plan)  # fmt: skip
+                                   backend=ctx.backend, plan=ctx.plan, **scales)  # fmt: skip
     else:
         out = kernels.paged_prefill(q, key_cache, value_cache, ctx.block_tables, ctx.seq_lens,
-                                    ctx.query_start_loc, scaling, backend=ctx.backend)  # fmt: skip
+                                    ctx.query_start_loc, scaling, backend=ctx.backend, **scales)  # fmt: skip
     return out.unsqueeze(0), None  # [1, tokens, heads, dim], as transformers expects
 
 
@@ -340,10 +348,14 @@ class ModelRunner:
             backend=self.step_backend(),
             invariant=self.batch_invariant,
         )
+        cache = self.kv_cache
+        if cache.per_block_scales:  # int8: one map of new tokens to blocks for every layer's store
+            ctx.store_map = kernels.StoreMap.build(ctx.slot_mapping, cache.block_size)
         if ctx.decode_only and ctx.backend in ("torch", "compiled") and not ctx.invariant:
-            ctx.plan = kernels.plan_decode(ctx.block_tables, ctx.seq_lens, self.kv_cache.key_cache(0))
+            ctx.plan = kernels.plan_decode(ctx.block_tables, ctx.seq_lens, cache.key_cache(0))
             if ctx.backend == "compiled":
-                ctx.step = kernels.decode_step(self.kv_cache.data, ctx.slot_mapping, ctx.plan)
+                scales = cache.scales if cache.per_block_scales else None
+                ctx.step = kernels.decode_step(cache.data, ctx.slot_mapping, ctx.plan, scales)
         input_ids = torch.tensor([token_ids], device=device)
         position_ids = torch.tensor([positions], device=device)
         prepared = time.perf_counter()
