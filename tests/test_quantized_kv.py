@@ -225,4 +225,5 @@ def test_the_fp8_scale_defaults_to_one():
     kc, vc, _, _, tables, lens, _ = quantized_case([9], 8, 1, 16, torch.float8_e4m3fn)
     q = torch.randn(1, 1, 16)
     default = reference.paged_decode(q, kc, vc, tables, lens)
-    torch.testing.assert_close(default, reference.paged_decode(q, kc, vc, tables, lens, k_scale=1.0, v_scale=1.0))
+    ones = reference.paged_decode(q, kc, vc, tables, lens, k_scale=1.0, v_scale=1.0)
+    torch.testing.assert_close(default, ones)

@@ -41,6 +41,21 @@ CONFIGS = {
         enable_prefix_caching=True,
         speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1},
     ),
+    # quantized pages: int8 scales per block go with swapped and copied blocks; fp8 scales are set
+    # by the first step (calculate_kv_scales), and a rolled-back first step sets them again
+    "int8+swap+prefix+ngram": dict(
+        preemption_mode="swap",
+        enable_prefix_caching=True,
+        num_cpu_blocks=12,
+        kv_cache_dtype="int8",
+        speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1},
+    ),
+    "fp8+recompute+prefix": dict(
+        preemption_mode="recompute",
+        enable_prefix_caching=True,
+        kv_cache_dtype="fp8",
+        calculate_kv_scales=True,
+    ),
 }
 SHARED = [3, 14, 15, 9, 26, 5, 35, 8]  # a common prefix: prefix-cache hits
 MISSING = object()
@@ -281,8 +296,11 @@ def test_the_workload_preempts_forks_swaps_and_hits_the_prefix_cache() -> None:
         seen = SEEN[config]
         assert seen["copies"] and seen["preempted"] and seen["prefix_hits"], seen
         assert bool(seen["swaps"]) == config.startswith("swap"), seen
-    unfaulted("recompute+prefix+ngram")  # and drafts are verified (and truncated) mid-workload
-    assert SEEN["recompute+prefix+ngram"]["drafts"] > 0
+    for config in ("recompute+prefix+ngram", "int8+swap+prefix+ngram"):
+        unfaulted(config)  # and drafts are verified (and truncated) mid-workload
+        assert SEEN[config]["drafts"] > 0
+    seen = SEEN["int8+swap+prefix+ngram"]  # quantized pages are swapped, copied and shared too
+    assert seen["copies"] and seen["swaps"] and seen["prefix_hits"], seen
 
 
 def test_the_structured_requests_of_the_workload_match_their_grammars() -> None:

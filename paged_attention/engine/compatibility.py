@@ -281,6 +281,14 @@ ROWS = [
         "v0's swapping to CPU memory is kept; v1 only recomputes",
         "tests/test_transactions.py::test_the_workload_preempts_forks_swaps_and_hits_the_prefix_cache",
     ),
+    Row(
+        '`kv_cache_dtype="fp8"` / `"fp8_e4m3"` / `"fp8_e5m2"`, `calculate_kv_scales`; `"int8"`',
+        "differs",
+        "fp8 as vLLM's: one scale per layer for K and one for V, 1.0 unless `calculate_kv_scales` sets them "
+        "from the first step (max|k|/200, max|v|/100: older vLLM's rule; vLLM 0.32 has no such option); "
+        '`"int8"` is this project\'s, a scale per block and KV head (vLLM 0.32 has `int8_per_token_head`)',
+        "tests/test_quantized_engine.py::test_every_cpu_backend_serves_the_same_tokens_from_quantized_pages",
+    ),
 ]
 
 

@@ -34,7 +34,7 @@ from .._checks import check_int, check_positive_int
 from ..memory.manager import KVCacheManager
 from ..models import eos_token_ids, resolve_model, serving_length
 from ..models.compilation import CompilationConfig
-from .core.capacity import fit_max_model_len, manager_builder, size_kv_cache
+from .core.capacity import check_memory_args, fit_max_model_len, manager_builder, size_kv_cache
 from .core.scheduler import Scheduler, SchedulerOutput, SchedulingPolicy, StepUpdate
 from .core.transaction import StepTransaction
 from .detokenizer import Detokenizer
@@ -106,12 +106,7 @@ class LLMEngine:
         check_positive_int("block_size", block_size)
         speculation = SpeculativeConfig.from_dict(speculative_config)
         compiling = CompilationConfig.from_value(compilation_config, enforce_eager)
-        if not isinstance(gpu_memory_utilization, (int, float)) or not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
-        if cache_manager_factory is not None and not callable(cache_manager_factory):
-            raise TypeError(
-                f"cache_manager_factory must be a callable, got {type(cache_manager_factory).__name__}"
-            )
+        check_memory_args(gpu_memory_utilization, cache_manager_factory)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model, self.tokenizer = resolve_model(model, tokenizer, dtype, device, hf_overrides)
         self.max_model_len = serving_length(self.model.config, max_model_len)

@@ -19,17 +19,23 @@ import sys
 from collections.abc import Callable
 
 
-def _signature(fn: object, dtype: str, constexprs: dict[str, object]) -> dict[str, str]:
+def _signature(
+    fn: object, dtype: str, constexprs: dict[str, object], cache: str | None = None
+) -> dict[str, str]:
+    """Argument types: ``dtype`` for the queries, keys and outputs, ``cache`` (default ``dtype``) for
+    the cache's pages, float32 for scales and partial results, integers for the index tensors."""
     int32_ptrs = {"block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr"}
-    fp32_ptrs = {"m_ptr", "l_ptr", "partial_ptr"}
+    int64_ptrs = {"slot_mapping_ptr", "blocks_ptr", "tokens_ptr"}
+    fp32_ptrs = {"m_ptr", "l_ptr", "partial_ptr", "k_scale_ptr", "v_scale_ptr", "scale_ptr"}
+    cache_ptrs = {"key_cache_ptr", "value_cache_ptr", "cache_ptr"}
     sig = {}
     for name in fn.arg_names:  # type: ignore[attr-defined]
         if name in constexprs:
             sig[name] = "constexpr"
         elif name.endswith("_ptr"):
             sig[name] = (
-                "*i32" if name in int32_ptrs else "*i64" if name == "slot_mapping_ptr" else
-                "*fp32" if name in fp32_ptrs else dtype
+                "*i32" if name in int32_ptrs else "*i64" if name in int64_ptrs else
+                "*fp32" if name in fp32_ptrs else (cache or dtype) if name in cache_ptrs else dtype
             )  # fmt: skip
         else:
             sig[name] = "fp32" if name == "qk_scale" else "i32"
@@ -45,12 +51,18 @@ def builds(arch: int = 90) -> list[tuple[str, Callable[[], object]]]:
     from . import decode, prefill, store
 
     target = GPUTarget("cuda", arch, 32)
-    jobs: list[tuple[str, object, dict[str, object]]] = []
+    jobs: list[tuple[str, object, dict[str, object]] | tuple[str, object, dict[str, object], str]] = []
     for dtype, native in (("*bf16", True), ("*fp32", False)):  # fp16 takes the bf16 path
         for head_dim, group in ((128, 4), (80, 1)):
             head_pad = max(16, triton.next_power_of_2(head_dim))
             common = dict(
-                GROUP=group, HEAD_DIM=head_dim, HEAD_PAD=head_pad, BLOCK_SIZE=16, TILE=16, NATIVE_DOT=native
+                GROUP=group,
+                HEAD_DIM=head_dim,
+                HEAD_PAD=head_pad,
+                BLOCK_SIZE=16,
+                TILE=16,
+                NATIVE_DOT=native,
+                QUANT=False,
             )
             jobs += [
                 (dtype, decode._decode_kernel, dict(common, GROUP_PAD=16)),
@@ -67,12 +79,29 @@ def builds(arch: int = 90) -> list[tuple[str, Callable[[], object]]]:
             ]
         jobs += [
             (dtype, decode._reduce_kernel, dict(HEAD_DIM=128, HEAD_PAD=128, SPLITS_PAD=8, PARTITION=512)),
-            (dtype, store._store_kernel, dict(ROW=8 * 128, ROW_PAD=1024)),
+            (dtype, store._store_kernel, dict(ROW=8 * 128, ROW_PAD=1024, FP8_MAX=0.0, MANTISSA=0, MIN_EXP=0)),
         ]
+    # quantized pages: 8-bit caches read (dequantized to float32) and written beside bf16 queries
+    quant = dict(GROUP=4, HEAD_DIM=128, HEAD_PAD=128, BLOCK_SIZE=16, TILE=16, NATIVE_DOT=False, QUANT=True)
+    for cache, fp8 in (("*fp8e4nv", (448.0, 3, -6)), ("*fp8e5", (57344.0, 2, -14)), ("*i8", None)):
+        jobs += [
+            ("*bf16", decode._decode_kernel, dict(quant, GROUP_PAD=16), cache),
+            ("*bf16", decode._decode_split_kernel, dict(quant, GROUP_PAD=16, PARTITION=512), cache),
+            ("*bf16", prefill._prefill_kernel, dict(quant, GROUP_PAD=4, BLOCK_M=64), cache),
+        ]
+        if fp8:
+            limit, mantissa, min_exp = fp8
+            store_meta = dict(ROW=2 * 128, ROW_PAD=256, FP8_MAX=limit, MANTISSA=mantissa, MIN_EXP=min_exp)
+            jobs.append(("*bf16", store._store_kernel, store_meta, cache))
+        else:
+            int8_meta = dict(HEAD_DIM=128, HEAD_PAD=128, BLOCK_SIZE=16, ROWS_PAD=16)
+            jobs.append(("*bf16", store._store_int8_kernel, int8_meta, cache))
     out = []
-    for dtype, fn, constexprs in jobs:
-        name = f"{fn.__name__}[{dtype[1:]}, {', '.join(f'{k}={v}' for k, v in constexprs.items())}]"
-        source = ASTSource(fn=fn, signature=_signature(fn, dtype, constexprs), constexprs=constexprs)
+    for dtype, fn, constexprs, *cache in jobs:
+        kind = f"{dtype[1:]}" + (f" over {cache[0][1:]}" if cache else "")
+        name = f"{fn.__name__}[{kind}, {', '.join(f'{k}={v}' for k, v in constexprs.items())}]"
+        signature = _signature(fn, dtype, constexprs, *cache)
+        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
         out.append((name, lambda source=source: triton.compile(source, target=target)))
     return out
 

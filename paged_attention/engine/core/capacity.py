@@ -35,6 +35,14 @@ def longest_request(length: int) -> Sequence:
     return Sequence(-1, "max_model_len", [0] * max(1, length - 1), SamplingParams(max_tokens=1), 0.0)
 
 
+def check_memory_args(gpu_memory_utilization: object, factory: object) -> None:
+    """Check ``gpu_memory_utilization`` (in (0, 1]) and ``cache_manager_factory`` (a callable or None)."""
+    if not isinstance(gpu_memory_utilization, (int, float)) or not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+    if factory is not None and not callable(factory):
+        raise TypeError(f"cache_manager_factory must be a callable, got {type(factory).__name__}")
+
+
 def manager_builder(
     num_blocks: int,
     block_size: int,
