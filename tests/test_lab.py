@@ -15,7 +15,7 @@ from paged_attention.lab.grader import grade_cell, junit_xml, table
 from paged_attention.lab.notebook import LabError, student_notebook
 from paged_attention.lab.registry import UNPLACED_CHECKS
 from paged_attention.memory.allocator import KVCacheBlock
-from tests.lab_answers import kernels, load, memory, serving, spec, structured
+from tests.lab_answers import kernels, load, memory, quantization, serving, spec, structured
 
 ROOT_NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -86,6 +86,16 @@ ANSWERS = {
         spec.accept_drafts_right,
         [spec.accept_drafts_resample_full, spec.accept_drafts_no_bonus],
     ),
+    "11.quantize_block": (
+        quantization.quantize_block_right,
+        [
+            quantization.quantize_block_per_block,
+            quantization.quantize_block_round_even,
+            quantization.quantize_block_truncate,
+            quantization.quantize_block_divide_by_128,
+            quantization.quantize_block_nan_for_zeros,
+        ],
+    ),
     "12.token_mask": (
         structured.token_mask_right,
         [
@@ -154,6 +164,11 @@ def test_the_packages_own_load_code_passes_the_load_checks() -> None:
         ("10.ngram", spec.propose_drafts_without_overlap, "may overlap the last n tokens"),
         ("10.verify", spec.accept_drafts_resample_full, "draw from p WITHOUT the draft"),
         ("10.verify", spec.accept_drafts_no_bonus, "then append the argmax"),
+        ("11.quantize_block", quantization.quantize_block_per_block, "one scale per KV head, not one for"),
+        ("11.quantize_block", quantization.quantize_block_round_even, "halves round up here"),
+        ("11.quantize_block", quantization.quantize_block_truncate, "don't truncate"),
+        ("11.quantize_block", quantization.quantize_block_divide_by_128, "the scale is max|x| / 127"),
+        ("11.quantize_block", quantization.quantize_block_nan_for_zeros, "a head of zeros has scale 0"),
         ("12.token_mask", structured.token_mask_prefix_match, "re.match asks whether the pattern matches"),
         ("12.token_mask", structured.token_mask_no_stop, "the stop tokens may come next exactly when"),
         ("12.token_mask", structured.token_mask_stop_always, "a stop token only after a whole match"),

@@ -33,6 +33,7 @@ import time
 from typing import Any, TextIO
 
 from ..engine.chat import PLAIN_TEMPLATE, render_chat
+from ..engine.engine_core import kv_description
 from ..engine.llm_engine import LLMEngine
 from ..engine.sample.sampling import RequestOutputKind, SamplingParams
 from ._threads import set_threads
@@ -136,7 +137,7 @@ def run_chat(
     interactive = stdin.isatty()
     out.write(
         f"chat with {opts.model or 'the embedded model'} ({engine.cache_manager.num_blocks} KV blocks, "
-        f"max_model_len={engine.max_model_len}, {str(engine.spec.dtype).removeprefix('torch.')}, "
+        f"max_model_len={engine.max_model_len}, {kv_description(engine)}, "
         f"torch threads {threads}); empty line or /exit ends, "
         "/reset forgets\n"
     )

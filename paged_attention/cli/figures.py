@@ -48,6 +48,7 @@ MEASURED = {
         *("--launch", "--model tiny --threads 1 --num-kv-blocks 64 --max-model-len 256"),
     ],
     "spec_decode": ["bench", "spec-decode"],  # with and without n-gram drafts, SmolLM2 (minutes)
+    "kv_dtype": ["bench", "kv-dtype", "--threads", "1"],  # the 8-bit KV caches against bfloat16, SmolLM2
 }
 EXPERIMENTS = (*REPLAYED, *MEASURED)
 

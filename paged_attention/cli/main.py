@@ -37,6 +37,7 @@ BENCHMARKS = (
     "spec-decode",
     "peer",
     "batch-invariant",
+    "kv-dtype",
 )
 
 

@@ -67,9 +67,15 @@ def describe(engine: LLMEngine) -> dict[str, Any]:
         "max_model_len": engine.max_model_len,
         "num_blocks": manager.num_blocks,
         "block_size": manager.block_size,
-        "dtype": str(engine.spec.dtype).removeprefix("torch."),
+        "dtype": kv_description(engine),
         "pid": os.getpid(),
     }
+
+
+def kv_description(engine: LLMEngine) -> str:
+    """The model's dtype, and the KV cache's where it differs: ``"bfloat16, int8 KV cache"``."""
+    model, kv = (str(d).removeprefix("torch.") for d in (engine.model.dtype, engine.spec.dtype))
+    return model if model == kv else f"{model}, {kv} KV cache"
 
 
 def warm_up(engine: LLMEngine) -> None:

@@ -120,31 +120,41 @@ def prefetch(typingctx, array, offset):
     return types.void(array, offset), codegen
 
 
-@njit
+@njit(inline="always")
 def fp8_bits(bits, mantissa, bias):
     """An fp8 byte (``mantissa`` bits, exponent ``bias``: e4m3 3 and 7, e5m2 2 and 15) -> float32,
-    exactly, in integer steps that vectorize: a normal number's exponent and mantissa move into a
-    float32's fields, the exponent rebiased; a subnormal is its mantissa times the smallest step."""
-    magnitude = np.uint32(np.uint32(bits) & np.uint32(0x7F))
-    shift = np.uint32(np.uint32(23) - mantissa)
-    normal = np.uint32((magnitude << shift) + np.uint32((np.uint32(127) - bias) << np.uint32(23)))
-    step = np.uint32((np.uint32(128) - bias - mantissa) << np.uint32(23))  # 2 ** (1 - bias - mantissa)
-    small = np.uint32(np.uint32(1) << mantissa)
-    value = normal.view(np.float32) if magnitude >= small else np.float32(magnitude) * step.view(np.float32)
-    return value if np.uint32(bits) < np.uint32(0x80) else -value
+    exactly, in integer steps without a branch, so that the loop around it vectorizes: a normal
+    number's exponent and mantissa move into a float32's fields, the exponent rebiased; a subnormal
+    is its mantissa times the smallest step; a mask picks one of the two, and the sign goes on last."""
+    u32 = np.uint32  # (Numba widens arithmetic on 32-bit integers to 64 bits: each step is cast back)
+    byte = u32(bits)
+    magnitude = u32(byte & u32(0x7F))
+    normal = u32(u32(magnitude << u32(u32(23) - mantissa)) + u32(u32(u32(127) - bias) << u32(23)))
+    step = u32(u32(u32(128) - bias - mantissa) << u32(23)).view(np.float32)  # 2 ** (1 - bias - mantissa)
+    subnormal = np.float32(np.float32(magnitude) * step).view(np.uint32)
+    keep = u32(u32(0) - u32(magnitude >= u32(u32(1) << mantissa)))  # all ones for a normal number
+    sign = u32(u32(byte & u32(0x80)) << u32(24))
+    return u32(u32(normal & keep) | u32(subnormal & u32(~keep)) | sign).view(np.float32)
 
 
-def decoded(x, fp8):
-    """A cache element as float32; an fp8 byte by the format ``fp8`` = (mantissa bits, exponent
-    bias) (stand-in; compiled code uses the overload below)."""
+def row_of(x, fp8, wide):
+    """A cache row as the dot products read it: an fp8 row decoded once into ``wide`` (float32), so
+    that a GQA group's query heads do not each decode it again; any other row as it is, widened value
+    by value (one shift for bfloat16) (stand-in; compiled code uses the overload below)."""
     return x
 
 
-@overload(decoded, inline="always")
-def _decoded(x, fp8):
-    if isinstance(x, types.Integer) and x.bitwidth == 8 and not x.signed:  # fp8, as its byte
-        return lambda x, fp8: fp8_bits(x, fp8[0], fp8[1])
-    return lambda x, fp8: widen(x)
+@overload(row_of, inline="always")
+def _row_of(x, fp8, wide):
+    if isinstance(x.dtype, types.Integer) and x.dtype.bitwidth == 8 and not x.dtype.signed:
+
+        def decode_row(x, fp8, wide):
+            for d in range(x.shape[0]):
+                wide[d] = fp8_bits(x[d], fp8[0], fp8[1])
+            return wide
+
+        return decode_row
+    return lambda x, fp8, wide: x
 
 
 @njit(fastmath=True, cache=True, boundscheck=False, nogil=True, error_model="numpy")
@@ -171,6 +181,7 @@ def decode(
     scaled = np.empty((num_heads, head_dim), np.float32)  # this sequence's query, widened and scaled
     k_scale = np.empty(num_kv_heads, np.float32)  # this block's scales, per KV head
     v_scale = np.empty(num_kv_heads, np.float32)
+    wide = np.empty(head_dim, np.float32)  # an fp8 row of one KV head, decoded once for its group
     for s in range(num_seqs):
         n = seq_lens[s]
         num_blocks = (n + block_size - 1) // block_size
@@ -198,12 +209,12 @@ def decode(
                 for c in range(0, row, line):
                     prefetch(value_cache, (block * block_size + t) * row + c)
                 for h in range(num_kv_heads):
-                    k = keys[t, h]
+                    k = row_of(keys[t, h], fp8, wide)
                     for g in range(group):  # the query heads sharing KV head h (GQA)
                         i = h * group + g
                         a = np.float32(0.0)
                         for d in range(head_dim):
-                            a += scaled[i, d] * decoded(k[d], fp8)
+                            a += scaled[i, d] * widen(k[d])
                         scores[i, t] = a * k_scale[h]
             for i in range(num_heads):  # online softmax: rescale what came before
                 m = best[i]
@@ -223,12 +234,12 @@ def decode(
                 for c in range(0, row, line):
                     prefetch(key_cache, (upcoming * block_size + t) * row + c)
                 for h in range(num_kv_heads):
-                    v = values[t, h]
+                    v = row_of(values[t, h], fp8, wide)
                     for g in range(group):
                         i = h * group + g
                         p = scores[i, t] * v_scale[h]
                         for d in range(head_dim):
-                            acc[i, d] += p * decoded(v[d], fp8)
+                            acc[i, d] += p * widen(v[d])
         for i in range(num_heads):
             inverse = np.float32(1.0) / total[i]
             for d in range(head_dim):

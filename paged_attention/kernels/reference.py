@@ -276,7 +276,9 @@ def paged_prefill(
         if fused and query.dtype != torch.float64 and compute is None:
             # [1, heads, tokens, dim]: with a batch dimension torch takes its fused (flash) CPU
             # kernel, as transformers' own SDPA layers do; 3-D inputs take the math path, 2x slower
-            heads_first = [t.to(query.dtype).transpose(0, 1)[None] for t in (query[start:end], k, v)]
+            if k_scale is not None:  # dequantized to float32: SDPA wants the query's dtype
+                k, v = k.to(query.dtype), v.to(query.dtype)
+            heads_first = [t.transpose(0, 1)[None] for t in (query[start:end], k, v)]
             out[start:end] = torch.nn.functional.scaled_dot_product_attention(
                 *heads_first, attn_mask=visible, scale=scale, enable_gqa=True
             )[0].transpose(0, 1)

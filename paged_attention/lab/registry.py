@@ -189,6 +189,18 @@ _ALL = (
         references=("verify_greedy", "verify_sampled"),
     ),
     Exercise(
+        "11.quantize_block",
+        "11_quantized_pages.ipynb",
+        "An int8 block with a scale per KV head",
+        "quantize a block [block_size, num_kv_heads, head_dim] to int8 with one scale per KV head (its "
+        "largest |x| over 127, halves rounded up); return (values, scales)",
+        ("quantize_block",),
+        "checks_quantization:quantize_block",
+        TORCH,
+        minutes=20,
+        references=("store_block_scaled",),
+    ),
+    Exercise(
         "12.token_mask",
         "12_structured_outputs.ipynb",
         "A grammar's token mask, by brute force",

@@ -33,7 +33,7 @@ from .checking import CheckFailed
 
 #: Where drivers live: modules under :mod:`paged_attention.lab`.
 DRIVER_MODULES = ("checks_memory", "checks_kernels", "checks_serving", "checks_load", "checks_spec",
-                  "checks_structured")  # fmt: skip
+                  "checks_structured", "checks_quantization")  # fmt: skip
 
 
 def driver(function: Callable[..., Any]) -> Callable[..., Any]:

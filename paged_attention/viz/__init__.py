@@ -13,6 +13,7 @@
 - :mod:`.speculative`: speculative decoding's measured speedup, acceptance by draft position.
 - :mod:`.structured`: a grammar's token mask, step by step (how many tokens it allows).
 - :mod:`.dtypes`: a decode step in float32 and bfloat16 against the weight-read bound (measured).
+- :mod:`.quantization`: quantized pages: keys' outlier channels, each format's error, ``bench kv-dtype``.
 - :mod:`.memory_map`: the same memory maps as text.
 - :mod:`.tables`: results as plain-text tables.
 
@@ -27,6 +28,7 @@ from . import (
     memory,
     memory_map,
     paper,
+    quantization,
     scheduling,
     serving,
     sharing,
@@ -46,6 +48,7 @@ __all__ = [
     "memory",
     "memory_map",
     "paper",
+    "quantization",
     "repo_root",
     "save",
     "scheduling",

@@ -242,6 +242,7 @@ BLOCKS: dict[str, tuple[Callable[..., str], str]] = {
     "serving results": (serving_block, "bench serve-sweep; bench serve --compare-offline"),
     "speculative decoding results": (speculative_block, "bench spec-decode"),
     "dtype results": (readme_results.dtypes_block, "bench engine --model smollm2 --dtype float32 bfloat16"),
+    "kv dtype results": (readme_results.kv_dtype_block, "bench kv-dtype"),
     "demo results": (readme_results.demo_block, "demo --save"),
     "batch-invariant results": (readme_results.batch_invariant_block, "bench batch-invariant"),
     "allocator results": (readme_results.allocator_block, "bench allocator"),

@@ -286,3 +286,36 @@ def throughput_block(folder: Path | None = None) -> str:
             f"{round(high['mean_batch'])}), where an A100's decode step barely moves (notebook 07).",
         ]
     return "\n".join(lines) + "\n"
+
+
+def kv_dtype_block(folder: Path | None = None) -> str:
+    """``bench kv-dtype``: the 8-bit KV caches against the unquantized one in the demo's budget."""
+    r = load("kv_dtype", folder)
+    rows, ref = r["rows"], r["rows"][0]
+    tokens = ref["error"]["tokens"]
+    lines = [
+        f"`python -m paged_attention bench kv-dtype` ({where(r)}): {r['model']} in {r['dtype']}, "
+        f"the KV budget of `make demo` ({r['budget_bytes'] / 2**20:.1f} MiB: "
+        f"{r['budget_blocks_of_reference']} {ref['format']} blocks of {r['block_size']} tokens; "
+        f"float32 would hold {r['float32_blocks']}), "
+        f"`max_model_len={r['max_model_len']}`; {r['num_requests']} chat questions, greedy, "
+        f"{r['max_tokens']} tokens each (past an answer's end, so that every format does the same work; "
+        f"answers compared up to where {ref['format']}'s ends), the formats alternating ({r['repeats']} "
+        "rounds, the best kept); "
+        f"the error per token of {tokens:,} tokens of text (this package's corpus, then Python's reference "
+        f"manual), each position's next-token distribution against {ref['format']}'s:",
+        "",
+        "| format | blocks | max-length requests | running at once (most, mean) | output tokens/s | "
+        "answers identical | KL mean | KL max | largest logprob change | top-1 same | perplexity (corpus) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        e, a = row["error"], row["agreement"]
+        speed = row["tokens_per_s"] / ref["tokens_per_s"]
+        lines.append(
+            f"| {row['format']} | {row['blocks']} | {row['max_length_requests']} | {row['peak_running']}, "
+            f"{row['mean_running']:.1f} | {row['tokens_per_s']:.1f} (**{speed:.2f}x**)"
+            f" | {a['identical']}/{a['answers']} | {e['kl_mean']:.5f} | {e['kl_max']:.3f} | "
+            f"{e['logprob_change_max']:.3f} | {e['top1_agreement']:.1%} | {e['corpus_perplexity']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -200,11 +200,13 @@ class KVCache:
         self.calibrating = False
         self._calibrated = False  # the open step has calibrated
         self._saved: list[tuple[list[int], Contents]] = []  # blocks protected in the open step
+        self._open = False  # a step is open (between begin and commit or rollback)
         self._saved_scales: torch.Tensor | None = None  # per-tensor scales while calibrating
 
     # -- a step is a transaction (:mod:`.transaction`) -------------------------------------------
     def begin(self) -> None:
         self._saved = []
+        self._open = True
         self._calibrated = False
         self._saved_scales = self.scales.clone() if self.calibrating and self.scales is not None else None
 
@@ -218,6 +220,7 @@ class KVCache:
 
     def commit(self) -> None:
         self._saved = []
+        self._open = False
         if self._calibrated:
             self.calibrating = False
         self._saved_scales = None
@@ -229,6 +232,7 @@ class KVCache:
             self.scales.copy_(self._saved_scales)
         self._saved = []
         self._saved_scales = None
+        self._open = False
 
     def calibrate(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
         """``calculate_kv_scales``: set layer ``layer``'s fp8 scales from the keys and values it is
@@ -279,6 +283,11 @@ class KVCache:
         if not pairs:
             return
         self._check_block_ids(pairs, self, self)
+        if self.per_block_scales and self._open:
+            # the block copied from stays with its other owner, who may now write into it in place;
+            # in an int8 block that write can grow the scale and requantize every row, and a
+            # rolled-back step would leave that behind for the next copy to take: saved first
+            self.protect(sorted({src for src, _ in pairs}))
         src = torch.tensor([s for s, _ in pairs], device=self.data.device)
         dst = torch.tensor([d for _, d in pairs], device=self.data.device)
         self.data[:, :, dst] = self.data[:, :, src]
