@@ -3,7 +3,8 @@
 The oracle is the float cache the 8-bit one stands for: :func:`quantization.dequantize_blocks` of every
 block, then the float reference. A kernel that dequantizes as it loads must give that result, and the
 stores of all three backends must write the same bits. Slots and blocks no sequence owns hold NaN
-(fp8 bytes; int8 blocks get NaN *scales*), so a kernel that reads one gives NaN.
+(fp8 bytes; int8 blocks no sequence owns get NaN *scales*; the unused offsets of a sequence's last
+int8 block hold zeros), so a kernel that reads an unowned block gives NaN.
 """
 
 from __future__ import annotations
@@ -109,9 +110,9 @@ def test_the_triton_fp8_store_rounds_as_torch_converts(fmt):
     grid = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fmt).float()
     grid = grid[grid.isfinite()].unique()
     middles = (grid[1:] + grid[:-1]) / 2  # exact ties
-    values = torch.cat([grid, middles, middles.nextafter(grid[1:]), middles.nextafter(grid[:-1]),
-                        torch.tensor([limit * 1.5, -limit * 3])])  # fmt: skip
-    values = values[: values.numel() // 2 * 2]
+    saturating = torch.tensor([limit * 1.5, -limit * 3])
+    values = torch.cat([saturating, grid, middles, middles.nextafter(grid[1:]), middles.nextafter(grid[:-1])])
+    values = values[: values.numel() // 2 * 2]  # pairs: the saturating values come first, never dropped
     x = values.view(-1, 1, 2)
     cache = torch.zeros(x.shape[0], 1, 1, 2).to(fmt)
     slots = torch.arange(x.shape[0])

@@ -81,14 +81,16 @@ def kv_description(engine: LLMEngine) -> str:
 def warm_up(engine: LLMEngine) -> None:
     """vLLM's dummy run before the core says ready: one short greedy request through a prefill and
     a decode step, so that the first user's request does not pay for first-call work (importing and
-    loading the compiled kernels: ~0.5-1 s here). Then forgotten: the engine's metrics are restored
-    and the prefix cache emptied; nothing of it is reported."""
+    loading the compiled kernels: ~0.5-1 s here). Then forgotten: the engine's metrics are restored,
+    the prefix cache emptied and fp8 scales it calculated (``calculate_kv_scales``) dropped, so the
+    first real request sets them; nothing of it is reported."""
     metrics = copy.deepcopy(engine.metrics)
     params = SamplingParams(temperature=0.0, max_tokens=2)
     engine.add_request("warm-up", {"prompt_token_ids": [0] * 8}, params)
     while engine.has_unfinished_requests():
         engine.step()
     engine.reset_prefix_cache()
+    engine.kv_cache.restart_calibration()
     engine.metrics = metrics
 
 

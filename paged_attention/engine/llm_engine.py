@@ -12,7 +12,8 @@ runner computes logits, each request decides from them (its tokens, forks, dropp
 end of a step, applies it all in a documented order. It returns a :class:`~.outputs.RequestOutput`
 for every request that produced tokens in that step, ``finished=False`` until the step that ends
 it (vLLM's semantics; ``SamplingParams.output_kind`` says what each holds; ``FINAL_ONLY`` and beam
-searches report once, at the end). :class:`~.llm.LLM` wraps the engine as vLLM's ``LLM`` does.
+searches report once, at the end); an aborted request reports nothing more. :class:`~.llm.LLM`
+wraps the engine as vLLM's ``LLM`` does.
 
 The engine chooses nothing about memory or batching policy: it is handed a cache-manager factory
 (paged by default; the baselines bring their own) and a :class:`~.scheduler.SchedulingPolicy`.
@@ -121,7 +122,9 @@ class LLMEngine:
         )
         manager = self.cache_manager
         self.kv_cache = KVCache(self.spec, manager.num_blocks, manager.block_size, device)
-        self.kv_cache.calibrating = check_calibration(calculate_kv_scales, self.spec.dtype)
+        self.kv_cache.calibrating = self.kv_cache.calibrated_once = check_calibration(
+            calculate_kv_scales, self.spec.dtype
+        )
         cpu_blocks = manager.num_cpu_blocks
         self.cpu_cache = KVCache(self.spec, cpu_blocks, manager.block_size, "cpu") if cpu_blocks else None
         budget = max(2048, self.max_model_len) if max_num_batched_tokens is None else max_num_batched_tokens

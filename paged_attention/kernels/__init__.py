@@ -147,15 +147,20 @@ def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, key_cache: t
 
 
 def decode_step(
-    caches: torch.Tensor, slot_mapping: torch.Tensor, plan: GatherPlan, scales: torch.Tensor | None = None
+    caches: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    plan: GatherPlan,
+    scales: torch.Tensor | None = None,
+    store_map: StoreMap | None = None,
 ) -> compiled.DecodeStep | None:
     """A CPU decode step for :func:`decode_layer`, made once per step: ``caches`` every layer's keys
     and values, ``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`` (as the engine's
     ``KVCache.data`` holds them), the step's ``slot_mapping`` and its checked ``plan``
-    (:func:`plan_decode`); an int8 cache's ``scales``, ``[num_layers, 2, num_blocks, num_kv_heads]``.
+    (:func:`plan_decode`); an int8 cache's ``scales``, ``[num_layers, 2, num_blocks, num_kv_heads]``,
+    and the step's ``store_map`` (built here if not given).
     ``None`` where the compiled kernel cannot read these caches."""
     blocks = plan.blocks.view(-1, plan.width)
-    return compiled.DecodeStep.build(caches, slot_mapping, blocks, plan.seq_lens, scales)
+    return compiled.DecodeStep.build(caches, slot_mapping, blocks, plan.seq_lens, scales, store_map)
 
 
 def decode_layer(
@@ -235,7 +240,9 @@ def store_kv(
         k, v = check_scales(key_cache, k_scale, v_scale)
         compiled.store_kv(key, value, key_cache, value_cache, slot_mapping, k, v, plan)
     elif chosen == "torch":
-        reference.store_kv(key, value, key_cache, value_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+        reference.store_kv(
+            key, value, key_cache, value_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale, plan=plan
+        )
     else:
         _triton()[2].store_kv(
             key, value, key_cache, value_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale, plan=plan

@@ -65,7 +65,7 @@ import numpy as np
 import torch
 
 from . import reference
-from .quantization import StoreMap, fp8_grid, store_quantized
+from .quantization import QUANTIZED_DTYPES, StoreMap, fp8_grid, store_quantized
 
 _lock = threading.Lock()
 _kernel: Callable[..., None] | None = None
@@ -74,7 +74,7 @@ _failed: str | None = None  # why compilation is unavailable in this process, on
 #: Query (and float cache) dtypes the compiled kernel reads (others take the eager recipe).
 DTYPES = (torch.float32, torch.bfloat16)
 #: 8-bit caches it reads beside them, with their scales (:mod:`.quantization`).
-QUANTIZED = (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
+QUANTIZED = QUANTIZED_DTYPES
 
 
 def _compile() -> Callable[..., None] | None:
@@ -233,6 +233,7 @@ class DecodeStep:
         blocks: torch.Tensor,
         seq_lens: torch.Tensor,
         scales: torch.Tensor | None = None,
+        store_map: StoreMap | None = None,
     ) -> DecodeStep | None:
         """``None`` where the compiled kernel cannot read these caches (a dtype other than
         :data:`DTYPES` or int8, not contiguous, or Numba unavailable in this process); ``scales``:
@@ -248,7 +249,7 @@ class DecodeStep:
         if not int8:
             return cls(*arrays)
         assert scales is not None
-        plan = StoreMap.build(slot_mapping, caches.shape[3])
+        plan = store_map or StoreMap.build(slot_mapping, caches.shape[3])
         return cls(*arrays, scales.numpy(), plan.blocks.numpy(), plan.tokens.numpy())
 
 

@@ -12,18 +12,20 @@ scale is the format, named as vLLM names it (``kv_cache_dtype``):
 * ``"fp8_e5m2"``: ``float8_e5m2`` (5 exponent bits, 2 mantissa bits, largest 57344), the same way.
 * ``"int8"`` (this project's): ``int8`` with **one scale per block and KV head**, for keys and for
   values apart, kept beside the page (``scales[num_blocks, num_kv_heads]`` per layer). The scale is
-  the largest ``|x|`` written into that block's head so far, over 127; stored: ``round(x / scale)``
-  (halves up, see :func:`round_half_up`). A block fills over several steps, so the scale may have to
+  the largest ``|x|`` written into that block's head so far, over 127; stored: ``x * (1 / scale)``
+  rounded, halves up (:func:`round_half_up`). A block fills over several steps, so the scale may have to
   grow: when a store brings a larger value, the rows already in the block are requantized to the new
-  scale (``round(q * old / new)``: one more rounding, at most half a step of the new scale), and a
+  scale (``round(q * old / new)``: one more rounding, at most half a step of the new scale each
+  time the scale grows, so a row's error can add up over several growths), and a
   store that writes a block's first offset starts it afresh (whatever the block held before belonged
   to someone else or to drafts that were refused). Each store call decides one scale per touched
   block and head from *all* the tokens it writes there, so a prompt's full blocks are rounded once.
 
-Why a finer scale: one scale for a whole layer must cover its largest value anywhere (keys have a
-few outlier channels, notebook 11 shows them), so small values get few levels; a scale per block and
-head adapts to each 16-token page and each head, at 4 bytes per block, head, K and V (0.25 bytes a
-value at block size 16).
+Why a finer scale: one scale for a whole layer must cover its largest value anywhere (keys and
+values have a few outlier channels, notebook 11 shows them), so small values get few levels; a
+scale per block and head adapts to each 16-token page and each head, at 4 bytes per block, head, K
+and V (at block size 16, a quarter of a byte per token, KV head and K or V, beside its 64 or 128
+bytes of values).
 
 Everything here is the oracle the kernels are checked against (:mod:`.reference` reads through
 :func:`dequantize_blocks`; the Triton and compiled kernels do the same arithmetic in float32).
@@ -58,7 +60,15 @@ def storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
         raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
     if kv_cache_dtype == "auto":
         return model_dtype
-    return STORAGE.get(kv_cache_dtype) or getattr(torch, kv_cache_dtype)
+    if kv_cache_dtype in STORAGE:
+        return STORAGE[kv_cache_dtype]
+    if getattr(torch, kv_cache_dtype) != model_dtype:  # attention computes in the model's dtype
+        model = str(model_dtype).removeprefix("torch.")
+        raise ValueError(
+            f"kv_cache_dtype={kv_cache_dtype!r} differs from the model's dtype ({model}): a float cache "
+            f"takes the model's, 'auto' (or {model!r}); 8-bit caches: {tuple(STORAGE)}"
+        )
+    return model_dtype
 
 
 def is_quantized(dtype: torch.dtype) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .._checks import cdiv
-from .quantization import dequantize_blocks, store_quantized
+from .quantization import StoreMap, dequantize_blocks, store_quantized
 from .validation import (
     check_cache,
     check_query_start_loc,
@@ -298,6 +298,7 @@ def store_kv(
     *,
     k_scale: torch.Tensor | float | None = None,
     v_scale: torch.Tensor | float | None = None,
+    plan: StoreMap | None = None,
 ) -> None:
     """Scatter ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` into their cache slots.
 
@@ -309,7 +310,7 @@ def store_kv(
     check_store_args(key, value, key_cache, value_cache, slot_mapping)
     k_scale, v_scale = check_scales(key_cache, k_scale, v_scale)
     if k_scale is not None and v_scale is not None:
-        store_quantized(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
+        store_quantized(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, plan)
         return
     store_rows(key, value, key_cache, value_cache, slot_mapping)
 

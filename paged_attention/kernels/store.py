@@ -35,7 +35,7 @@ def _round_to_fp8(x, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr):
     exponent = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     exponent = tl.maximum(exponent, MIN_EXP) - MANTISSA
     spacing = ((exponent + 127) << 23).to(tl.float32, bitcast=True)
-    y = tl.abs(x) / spacing  # exact: a power of two
+    y = tl.abs(x) * ((127 - exponent) << 23).to(tl.float32, bitcast=True)  # times 1 / spacing, exact
     nearest = tl.floor(y + 0.5)
     odd = (nearest.to(tl.int32) & 1) == 1
     nearest = tl.where((nearest - y == 0.5) & odd, nearest - 1.0, nearest)  # a tie goes to the even one
@@ -69,8 +69,9 @@ def _store_kernel(
         k = tl.load(key_ptr + token * stride_kt + i, mask=mask)
         v = tl.load(value_ptr + token * stride_vt + i, mask=mask)
         if FP8_MAX > 0:  # quantize on write: x / scale, saturated, rounded to the nearest fp8 number
-            k = tl.clamp(k.to(tl.float32) * (1.0 / tl.load(k_scale_ptr)), -FP8_MAX, FP8_MAX)
-            v = tl.clamp(v.to(tl.float32) * (1.0 / tl.load(v_scale_ptr)), -FP8_MAX, FP8_MAX)
+            one = tl.cast(1.0, tl.float32)
+            k = tl.clamp(k.to(tl.float32) * tl.div_rn(one, tl.load(k_scale_ptr)), -FP8_MAX, FP8_MAX)
+            v = tl.clamp(v.to(tl.float32) * tl.div_rn(one, tl.load(v_scale_ptr)), -FP8_MAX, FP8_MAX)
             k = _round_to_fp8(k, MANTISSA, MIN_EXP)
             v = _round_to_fp8(v, MANTISSA, MIN_EXP)
         dst = slot.to(tl.int64) * stride_cslot + i
@@ -114,8 +115,10 @@ def _store_int8_kernel(
     largest = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
     fresh = tl.load(tokens_ptr + entry * BLOCK_SIZE) >= 0  # it writes offset 0: the block starts afresh
     old = tl.where(fresh, 0.0, tl.load(scale_ptr + block * num_kv_heads + head))
-    scale = tl.maximum(old, largest / 127.0)  # (quantization.INT8_MAX: a kernel reads no Python global)
-    inverse = tl.where(scale > 0, 1.0 / scale, 0.0)
+    # divisions rounded correctly (div_rn), as torch's: a GPU's `/` on float32 is approximate
+    one, levels = tl.cast(1.0, tl.float32), tl.cast(127.0, tl.float32)  # (INT8_MAX: no Python global here)
+    scale = tl.maximum(old, tl.div_rn(largest, levels))
+    inverse = tl.where(scale > 0, tl.div_rn(one, tl.where(scale > 0, scale, one)), 0.0)
     rows = cache_ptr + block * stride_cb + r[:, None] * stride_ct + head * stride_ch + d[None, :]
     kept = tl.floor(tl.load(rows, mask=mask, other=0).to(tl.float32) * (old * inverse) + 0.5)
     written = tl.clamp(tl.floor(x * inverse + 0.5), -127.0, 127.0)

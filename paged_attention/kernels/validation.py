@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import torch
 
+from .quantization import QUANTIZED_DTYPES  # 8-bit caches: read with scales, beside a float query
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-#: 8-bit caches (:mod:`.quantization`): read with scales, beside a query of any float dtype.
-QUANTIZED_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
+
 MAX_HEAD_DIM = 256
 
 
@@ -168,8 +169,9 @@ def check_scales(
                 s = 1.0
             if isinstance(s, bool) or not isinstance(s, (int, float, torch.Tensor)):
                 raise TypeError(f"{name} must be a number or a 0-d tensor for an fp8 cache, got {s!r}")
+            positive = not isinstance(s, (int, float)) or s > 0  # (a tensor's value is not read: no sync)
             s = torch.as_tensor(s, dtype=torch.float32, device=key_cache.device)
-            if s.dim() != 0 or not bool(s > 0):
+            if s.dim() != 0 or not positive:
                 raise ValueError(
                     f"an fp8 cache has one positive scale per tensor: {name} must be 0-d and > 0"
                 )

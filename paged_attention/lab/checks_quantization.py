@@ -66,7 +66,7 @@ def _case(rng: random.Random) -> list:
 
 
 NAMED = [
-    ("one head: the largest |x| is 127 steps of the scale", [[[127.0, 2.5, -2.5, 0.5]]]),
+    ("one head: the largest |x| is 127 steps of the scale", [[[127.0, 2.5, -2.5, 1.7, -1.7]]]),
     ("a half step rounds up, as floor(x / scale + 0.5): 2.5 -> 3, -2.5 -> -2", [[[127.0, 2.5, -2.5, -0.5]]]),
     ("two heads, each its own scale", [[[254.0, 1.0], [1.27, -0.635]], [[-127.0, 100.0], [0.0, 0.01]]]),
     ("a head of zeros: scale 0, values 0 (no NaN)", [[[0.0, 0.0], [3.0, -1.0]]]),

@@ -12,7 +12,7 @@ from .style import COLORS, SEQUENCE_COLORS
 
 def channel_magnitudes(keys: Sequence[float], values: Sequence[float], layer: int, head: int) -> Figure:
     """The largest ``|k|`` and ``|v|`` of each channel (head dimension) of one layer's KV head over a
-    text: keys have a few outlier channels, values do not."""
+    text: the few channels far above the rest set a shared scale's step."""
     fig, axes = plt.subplots(1, 2, figsize=(8.4, 2.8), sharey=True)
     for ax, magnitudes, name in ((axes[0], keys, "keys"), (axes[1], values, "values")):
         ax.bar(

@@ -198,6 +198,7 @@ class KVCache:
             )
         #: fp8 with ``calculate_kv_scales``: the first step that stores tokens sets each layer's scales.
         self.calibrating = False
+        self.calibrated_once = False  # calculate_kv_scales was asked for (restart_calibration may redo it)
         self._calibrated = False  # the open step has calibrated
         self._saved: list[tuple[list[int], Contents]] = []  # blocks protected in the open step
         self._open = False  # a step is open (between begin and commit or rollback)
@@ -233,6 +234,13 @@ class KVCache:
         self._saved = []
         self._saved_scales = None
         self._open = False
+
+    def restart_calibration(self) -> None:
+        """Forget the fp8 scales a warm-up step set (``calculate_kv_scales``): back to 1.0, and the
+        next step that stores tokens sets them again. Nothing to do for other caches."""
+        if self.calibrated_once and self.scales is not None:
+            self.scales.fill_(1.0)
+            self.calibrating = True
 
     def calibrate(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
         """``calculate_kv_scales``: set layer ``layer``'s fp8 scales from the keys and values it is

@@ -355,7 +355,7 @@ class ModelRunner:
             ctx.plan = kernels.plan_decode(ctx.block_tables, ctx.seq_lens, cache.key_cache(0))
             if ctx.backend == "compiled":
                 scales = cache.scales if cache.per_block_scales else None
-                ctx.step = kernels.decode_step(cache.data, ctx.slot_mapping, ctx.plan, scales)
+                ctx.step = kernels.decode_step(cache.data, ctx.slot_mapping, ctx.plan, scales, ctx.store_map)
         input_ids = torch.tensor([token_ids], device=device)
         position_ids = torch.tensor([positions], device=device)
         prepared = time.perf_counter()
