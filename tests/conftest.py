@@ -87,6 +87,9 @@ SLOWEST_FIRST = {
     "notebooks/08_sharing.ipynb": 45,
     "tests/test_smollm2.py": 47,
     "notebooks/05_engine.ipynb": 35,
+    "tests/test_gpu_compile.py": 34,  # (without a Triton cache, as on a fresh machine)
+    "notebooks/11_quantized_pages.ipynb": 24,
+    "tests/test_quantized_engine.py": 17,
 }
 
 

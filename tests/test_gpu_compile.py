@@ -22,4 +22,4 @@ def test_every_kernel_compiles_for_sm90():
     if "No module named" in proc.stderr or ("ptxas" in proc.stderr and "not found" in proc.stderr):
         pytest.skip(f"this Triton build cannot compile for CUDA here: {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert proc.stdout.count("ok ") == 28  # 16 float builds, 12 over 8-bit caches
+    assert proc.stdout.count("ok ") == 22  # 16 float builds, 6 over 8-bit caches
