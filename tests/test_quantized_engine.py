@@ -242,3 +242,14 @@ def test_restarting_calibration_lets_the_next_step_set_the_scales_again(tiny):
     plain = make(tiny, num_kv_blocks=8, kv_cache_dtype="int8").llm_engine.kv_cache
     plain.restart_calibration()  # nothing to restart: int8's scales are its stores'
     assert not plain.calibrating
+
+
+def test_serve_takes_the_kv_cache_dtype():
+    from paged_attention.cli.serve import build_engine, parser
+
+    opts = parser().parse_args(["--model", "tiny", "--num-kv-blocks", "8", "--kv-cache-dtype", "fp8",
+                                "--calculate-kv-scales"])  # fmt: skip
+    engine = build_engine(opts)
+    assert engine.kv_cache.data.dtype == torch.float8_e4m3fn and engine.kv_cache.calibrating
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        parser().parse_args(["--kv-cache-dtype", "int4"])

@@ -24,6 +24,7 @@ import os
 from ..baselines.engines import KV_MANAGERS, baseline_engine
 from ..engine.chat import PLAIN_TEMPLATE
 from ..engine.llm_engine import LLMEngine
+from ..kernels.quantization import KV_CACHE_DTYPES
 from ..serving import AsyncLLM, build_app
 from ..serving.authentication import api_keys
 from ..serving.launch import LOCALHOST, run
@@ -60,6 +61,16 @@ def parser() -> argparse.ArgumentParser:
         help="requests that may wait to start before new ones get 503 (default: no limit)",
     )
     p.add_argument("--preemption-mode", choices=("recompute", "swap"), default="recompute")
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default="auto",
+        help="the KV cache's: auto (the model's dtype), fp8 / fp8_e4m3 / fp8_e5m2 (a scale per layer, "
+        "vLLM's), int8 (a scale per block and KV head)",
+    )
+    p.add_argument(
+        "--calculate-kv-scales", action="store_true", help="fp8: each layer's scales from the first step"
+    )
     p.add_argument("--no-enable-prefix-caching", action="store_true")
     p.add_argument(
         "--chat-template",
@@ -112,6 +123,8 @@ def build_engine(opts: argparse.Namespace) -> LLMEngine:
         dtype=opts.dtype,
         seed=opts.seed,
         compilation_config=getattr(opts, "compilation_config", None),
+        kv_cache_dtype=getattr(opts, "kv_cache_dtype", "auto"),
+        calculate_kv_scales=getattr(opts, "calculate_kv_scales", False),
     )
 
 
