@@ -53,7 +53,7 @@ from .spec_decode.speculation import Speculator
 from .spec_decode.speculative import SpeculativeConfig
 from .stop_rules import StopRules
 from .structured_output.grammar import StructuredOutputManager
-from .worker.kv_cache import KVCache, KVCacheSpec, check_calibration
+from .worker.kv_cache import KVCache, KVCacheSpec
 from .worker.model_runner import ModelRunner
 
 #: Builds the cache manager from ``(num_blocks, block_size, max_model_len)``, the budget the engine
@@ -121,9 +121,8 @@ class LLMEngine:
             build, self.max_model_len, max_model_len is not None
         )
         manager = self.cache_manager
-        self.kv_cache = KVCache(self.spec, manager.num_blocks, manager.block_size, device)
-        self.kv_cache.calibrating = self.kv_cache.calibrated_once = check_calibration(
-            calculate_kv_scales, self.spec.dtype
+        self.kv_cache = KVCache(
+            self.spec, manager.num_blocks, manager.block_size, device, calculate_kv_scales
         )
         cpu_blocks = manager.num_cpu_blocks
         self.cpu_cache = KVCache(self.spec, cpu_blocks, manager.block_size, "cpu") if cpu_blocks else None

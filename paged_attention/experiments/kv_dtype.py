@@ -32,13 +32,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.chat import render_chat
 from ..engine.llm import LLM
 from ..engine.params import SamplingParams
 from ..engine.worker.kv_cache import KVCacheSpec
 from ..models import load_model
 from ..models.corpus import CORPUS
-from .prompts import QUESTIONS
+from . import dtypes
 
 
 @dataclass(frozen=True)
@@ -175,14 +174,15 @@ def serve(llm: LLM, prompts: list[dict], max_tokens: int) -> dict:
 
 
 def agreement(reference: list[list[int]], other: list[list[int]], stop_ids: set[int]) -> dict:
-    """Answers identical to the reference's, each cut after the reference's first stop token; for the
-    others, the mean position of the first difference."""
+    """:func:`.dtypes.agreement` of the answers, each cut after the reference's first stop token: how
+    many are identical, and the mean position of the others' first difference."""
     cut = [next((i + 1 for i, t in enumerate(x) if t in stop_ids), len(x)) for x in reference]
-    pairs = [(x[:n], y[:n]) for x, y, n in zip(reference, other, cut, strict=True)]
-    first = [next(i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b) for x, y in pairs if x != y]
+    pairs = list(zip(reference, other, cut, strict=True))
+    found = dtypes.agreement([x[:n] for x, _, n in pairs], [y[:n] for _, y, n in pairs])
+    first = found["first_difference"]
     return {
-        "identical": len(pairs) - len(first),
-        "answers": len(pairs),
+        "identical": found["identical"],
+        "answers": found["prompts"],
         "mean_first_difference": sum(first) / len(first) if first else None,
     }
 
@@ -218,10 +218,7 @@ def compare(
 
     reference_spec = make(formats[0], num_kv_blocks=2 * max_model_len // block_size).llm_engine.spec
     budget = num_kv_blocks * reference_spec.bytes_per_block(block_size)
-    prompts = [
-        render_chat(tokenizer, [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}])
-        for i in range(num_requests)
-    ]
+    prompts = dtypes.chat_prompts(tokenizer, num_requests)  # the demo's questions, cycled
     engines = {f.label: make(f, kv_cache_memory=budget) for f in formats}
     for llm in engines.values():  # first calls load and compile kernels: not timed
         llm.generate(["Hello"], SamplingParams(max_tokens=2), use_tqdm=False)

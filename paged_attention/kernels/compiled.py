@@ -65,7 +65,7 @@ import numpy as np
 import torch
 
 from . import reference
-from .quantization import QUANTIZED_DTYPES, StoreMap, fp8_grid, store_quantized
+from .quantization import FP8_DTYPES, QUANTIZED_DTYPES, StoreMap, fp8_grid, per_block, store_quantized
 
 _lock = threading.Lock()
 _kernel: Callable[..., None] | None = None
@@ -73,8 +73,6 @@ _failed: str | None = None  # why compilation is unavailable in this process, on
 
 #: Query (and float cache) dtypes the compiled kernel reads (others take the eager recipe).
 DTYPES = (torch.float32, torch.bfloat16)
-#: 8-bit caches it reads beside them, with their scales (:mod:`.quantization`).
-QUANTIZED = QUANTIZED_DTYPES
 
 
 def _compile() -> Callable[..., None] | None:
@@ -97,7 +95,7 @@ def as_numpy(tensor: torch.Tensor) -> np.ndarray:
     bits (``uint16``, ``uint8``)."""
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(np.uint16)
-    if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+    if tensor.dtype in FP8_DTYPES:
         return tensor.view(torch.uint8).numpy()
     return tensor.numpy()
 
@@ -108,7 +106,7 @@ _NOT_FP8 = np.zeros(2, np.int64)
 def fp8_format(dtype: torch.dtype) -> np.ndarray:
     """An fp8 format as the kernel decodes it, ``[mantissa bits, exponent bias]`` (e4m3: 3, 7;
     e5m2: 2, 15); any other dtype: zeros, unused."""
-    if dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+    if dtype not in FP8_DTYPES:
         return _NOT_FP8
     mantissa, min_exp = fp8_grid(dtype)
     return np.array([mantissa, 1 - min_exp], np.int64)
@@ -138,7 +136,7 @@ def paged_decode(
     entries of row ``s`` real block ids; ``seq_lens[S]`` int64, each at least 1."""
     if (
         _failed is not None
-        or key_cache.dtype not in (*DTYPES, *QUANTIZED)
+        or key_cache.dtype not in (*DTYPES, *QUANTIZED_DTYPES)  # 8-bit caches: read with their scales
         or query.dtype not in DTYPES
         or not key_cache.is_contiguous()
         or not value_cache.is_contiguous()  # (the kernel's prefetch addresses assume contiguous caches)
@@ -180,7 +178,7 @@ def store_kv(
     """:func:`.reference.store_kv`'s contract (no checks: the caller validated), one compiled loop
     instead of a mask, two gathers and two scatters; an int8 cache block by block with its scales
     (``plan``: the step's :class:`~.quantization.StoreMap`); fp8 by the reference."""
-    if key_cache.dtype == torch.int8 and k_scale is not None and v_scale is not None:
+    if per_block(key_cache.dtype) and k_scale is not None and v_scale is not None:
         plan = plan or StoreMap.build(slot_mapping, key_cache.shape[1])
         try:
             if _failed is None and key.dtype in DTYPES and value.dtype == key.dtype:

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from .._triton_env import triton_interpreted
+from .quantization import is_quantized
 
 LOG2E = 1.4426950408889634
 NEG_BIG = tl.constexpr(
@@ -115,7 +116,7 @@ def attend_tiles(
 def use_native_dot(dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> bool:
     """Feed ``tl.dot`` fp16/bf16 directly (tensor cores) when compiled; float32 under the interpreter
     and for 8-bit caches (dequantized to float32)."""
-    quantized = cache_dtype is not None and cache_dtype.itemsize == 1
+    quantized = cache_dtype is not None and is_quantized(cache_dtype)
     return dtype in (torch.float16, torch.bfloat16) and not triton_interpreted() and not quantized
 
 

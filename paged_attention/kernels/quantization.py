@@ -135,14 +135,13 @@ class StoreMap:
     """Which new tokens a store writes into which block: the int8 store works block by block.
 
     ``blocks[n]`` int64, every block the store touches, once; ``tokens[n, block_size]`` int64, the
-    index of the new token written at each offset of each block (``-1``: none); ``fresh[n]``, the
-    store writes the block's offset 0, so the block starts afresh. It depends only on the slot
-    mapping, so the engine builds it once per step for every layer.
+    index of the new token written at each offset of each block (``-1``: none; a block whose offset
+    0 is written starts afresh). It depends only on the slot mapping, so the engine builds it once
+    per step for every layer.
     """
 
     blocks: torch.Tensor
     tokens: torch.Tensor
-    fresh: torch.Tensor
 
     @classmethod
     def build(cls, slot_mapping: torch.Tensor, block_size: int) -> StoreMap:
@@ -151,7 +150,7 @@ class StoreMap:
         blocks, inverse = torch.unique(slots // block_size, return_inverse=True)
         tokens = torch.full((blocks.shape[0], block_size), -1, dtype=torch.int64, device=slot_mapping.device)
         tokens[inverse, slots % block_size] = keep
-        return cls(blocks, tokens, tokens[:, 0] >= 0)
+        return cls(blocks, tokens)
 
 
 def store_block_scaled(x: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor, plan: StoreMap) -> None:
@@ -162,7 +161,8 @@ def store_block_scaled(x: torch.Tensor, cache: torch.Tensor, scales: torch.Tenso
     new = (plan.tokens >= 0)[:, :, None, None]  # [n, block_size, 1, 1]
     rows = x.float()[plan.tokens.clamp(min=0)]  # [n, block_size, H_kv, D]
     largest = torch.where(new, rows.abs(), 0.0).amax(dim=(1, 3))  # [n, H_kv]
-    old = torch.where(plan.fresh[:, None], 0.0, scales[plan.blocks])
+    fresh = plan.tokens[:, :1] >= 0  # [n, 1]: the store writes the block's offset 0
+    old = torch.where(fresh, 0.0, scales[plan.blocks])
     scale = torch.maximum(old, largest / INT8_MAX)
     inverse = torch.where(scale > 0, 1.0 / scale, 0.0)
     ratio = (old * inverse)[:, None, :, None]

@@ -191,10 +191,12 @@ def decode_with_plan(
     """
     keys, values = gather_kv_padded(key_cache, value_cache, plan, zero_padding, k_scale, v_scale)
     if fused and query.dtype != torch.float64 and compute is None:
+        if k_scale is not None:  # dequantized to float32: SDPA wants the query's dtype
+            keys, values = keys.to(query.dtype), values.to(query.dtype)
         out = torch.nn.functional.scaled_dot_product_attention(
             query[:, :, None],  # [seqs, heads, 1, dim]
-            keys.to(query.dtype).transpose(1, 2),  # [seqs, kv_heads, max_len, dim]
-            values.to(query.dtype).transpose(1, 2),
+            keys.transpose(1, 2),  # [seqs, kv_heads, max_len, dim]
+            values.transpose(1, 2),
             attn_mask=plan.valid[:, None, None, :],
             scale=scale,
             enable_gqa=True,

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .quantization import StoreMap, fp8_grid, fp8_max
+from .quantization import StoreMap, fp8_grid, fp8_max, per_block
 from .validation import check_scales, check_store_args
 
 
@@ -170,7 +170,7 @@ def store_kv(
     row = key.shape[1] * key.shape[2]
     if key.shape[0] == 0:
         return
-    if key_cache.dtype == torch.int8:
+    if per_block(key_cache.dtype):
         assert k_scale is not None and v_scale is not None
         plan = plan or StoreMap.build(slot_mapping, key_cache.shape[1])
         _store_int8(key, value, key_cache, value_cache, k_scale, v_scale, plan)

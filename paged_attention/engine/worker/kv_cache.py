@@ -77,11 +77,6 @@ class KVCacheSpec:
         return cls(text_config.num_hidden_layers, num_kv_heads, head_dim, storage)
 
     @property
-    def quantized(self) -> bool:
-        """Whether the cache stores 8-bit values with scales (:mod:`...kernels.quantization`)."""
-        return quantization.is_quantized(self.dtype)
-
-    @property
     def bytes_per_token(self) -> int:
         """The keys' and values' own bytes for one token (a block's scales: :meth:`bytes_per_block`)."""
         element = torch.empty((), dtype=self.dtype).element_size()
@@ -178,8 +173,15 @@ class KVCache:
     """All layers' paged K/V storage, allocated once up front (the memory the allocator hands out)."""
 
     def __init__(
-        self, spec: KVCacheSpec, num_blocks: int, block_size: int, device: torch.device | str = "cpu"
+        self,
+        spec: KVCacheSpec,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device | str = "cpu",
+        calculate_scales: bool = False,
     ) -> None:
+        """``calculate_scales`` (vLLM's ``calculate_kv_scales``, fp8 only): the first step that stores
+        tokens sets each layer's scales."""
         check_positive_int("num_blocks", num_blocks)
         check_positive_int("block_size", block_size)
         self.spec = spec
@@ -196,9 +198,9 @@ class KVCache:
             self.scales = torch.full(
                 (spec.num_layers, 2, *scale_shape), fill, dtype=torch.float32, device=device
             )
-        #: fp8 with ``calculate_kv_scales``: the first step that stores tokens sets each layer's scales.
-        self.calibrating = False
-        self.calibrated_once = False  # calculate_kv_scales was asked for (restart_calibration may redo it)
+        self.calculate_scales = check_calibration(calculate_scales, spec.dtype)
+        #: The next step that stores tokens sets each layer's scales (until one has).
+        self.calibrating = self.calculate_scales
         self._calibrated = False  # the open step has calibrated
         self._saved: list[tuple[list[int], Contents]] = []  # blocks protected in the open step
         self._open = False  # a step is open (between begin and commit or rollback)
@@ -238,7 +240,7 @@ class KVCache:
     def restart_calibration(self) -> None:
         """Forget the fp8 scales a warm-up step set (``calculate_kv_scales``): back to 1.0, and the
         next step that stores tokens sets them again. Nothing to do for other caches."""
-        if self.calibrated_once and self.scales is not None:
+        if self.calculate_scales and self.scales is not None:
             self.scales.fill_(1.0)
             self.calibrating = True
 
