@@ -130,17 +130,18 @@ def test_a_product_of_a_few_rows_keeps_leading_dims_and_declines_the_rest() -> N
         assert rows.linear_rows(x, weight, None).shape == (1, 1, 5)
         assert rows.linear_rows(torch.randn(rows.LINEAR_ROWS + 1, 8).bfloat16(), weight, None) is None
         assert rows.linear_rows(torch.randn(1, 8).half(), weight.half(), None) is None  # no float16 loop
-        assert rows.linear_rows(torch.randn(1, 8), weight.float(), None) is None  # float32: oneDNN's
+        assert rows.linear_rows(torch.randn(1, 8), weight.float(), None) is None  # float32: kernels.tiled
         assert rows.linear_rows(torch.randn(1, 9).bfloat16(), weight, None) is None  # K does not match
         assert rows.linear_rows(x, weight, torch.zeros(4).bfloat16()) is None  # nor does the bias
         assert rows.linear_rows(x, weight.t().contiguous().t(), None) is None  # a strided weight
     assert rows.linear_rows(x, weight, None) is None  # autograd on: the ordinary product
 
 
-def test_the_engine_streams_the_weights_of_one_row_products_and_generates_the_same_text() -> None:
+def test_the_engine_streams_the_weights_of_one_row_products_and_generates_the_same_text(monkeypatch) -> None:
     """bfloat16, compiled backend: a one-sequence decode takes linear_rows in every packed and merged
     layer; the greedy tokens are those of the same engine multiplying with oneDNN throughout."""
     from paged_attention.models import packed_linear
+    from paged_attention.models.merged_projections import MergedMember
 
     params = SamplingParams(temperature=0, max_tokens=12)
     llm = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4, attention_backend="compiled")
@@ -152,17 +153,16 @@ def test_the_engine_streams_the_weights_of_one_row_products_and_generates_the_sa
         calls.append(out is not None)
         return out
 
-    runner = llm.llm_engine.runner
-    layers = [m for m in runner.model.modules() if isinstance(m, packed_linear.PackedLinear)]
-    assert layers and all(layer.rows is original for layer in layers)
-    for layer in layers:
-        layer.rows = counted
+    model = llm.llm_engine.runner.model
+    layers = [m for m in model.modules() if isinstance(m, packed_linear.PackedLinear)]
+    groups = {id(m.group): m.group for m in model.modules() if isinstance(m, MergedMember) and m.group}
+    owners = [*layers, *groups.values()]
+    assert layers and all(o.rows is rows.STREAMED for o in owners)
+    assert all(o.prepared.data_ptr() == o.weight.data_ptr() for o in owners)  # the weight itself
+    monkeypatch.setattr(rows, "linear_rows", counted)
     prompt = [{"prompt_token_ids": [5, 6, 7, 8, 9]}]
     text = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
     assert any(calls)
-    for layer in layers:
-        layer.rows = None
-    for module in runner.model.modules():  # merged groups too
-        if getattr(module, "group", None) is not None:
-            module.group.rows = None
+    for owner in owners:
+        owner.prepared = None
     assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == text

@@ -22,6 +22,8 @@ NumPy arrays; bfloat16 arrives as its raw 16 bits (``uint16``), float32 as itsel
 * ``linear_rows(x, weight, bias, out)``: ``x[M, K] @ weight[N, K].T + bias[N]`` for a few rows
   (``bias`` of length 0: none), float32 sums, each weight row read once: a matrix-vector product
   that streams the weights at the memory's pace.
+* ``tiled_product(x, tiles, block, bias, out)``: the same product in float32 from
+  ``tiles[ceil(N / T), K, T]``, summed in oneDNN's order (:mod:`.tiled` says which).
 * ``rms_norm(x, weight, eps, out)``: ``x[T, D]``, ``weight[D]``, ``out[T, D]`` of one kind. The
   arithmetic and roundings of transformers' ``LlamaRMSNorm``: the row widened to float32,
   ``y = x * (1 / sqrt(mean(x**2) + eps))``, ``y`` rounded to the input's kind, then multiplied by the
@@ -338,6 +340,35 @@ def linear_rows(x, weight, bias, out):  # pragma: no cover - compiled
             if bias.shape[0] > 0:
                 a += widen(bias[n])
             out[m, n] = rounded(a, out)
+
+
+@njit(fastmath={"contract"}, cache=True, boundscheck=False, nogil=True, error_model="numpy")
+def tiled_product(x, tiles, block, bias, out):  # pragma: no cover - compiled
+    """``out = x @ weight.T + bias`` (float32) from ``tiles[ceil(N / T), K, T]``: per output, fused
+    multiply-adds in the order of ``k`` from zero within each block of ``block``, the blocks' sums
+    added in order, then the bias (oneDNN's order: contraction is the only liberty taken)."""
+    rows, k_in = x.shape
+    width, n_out = tiles.shape[2], out.shape[1]
+    total = np.empty((rows, width), np.float32)
+    part = np.empty((rows, width), np.float32)
+    for t in range(tiles.shape[0]):
+        for lo in range(0, k_in, block):
+            part[:] = 0.0
+            for k in range(lo, min(k_in, lo + block)):
+                w = tiles[t, k]
+                for m in range(rows):
+                    xm = x[m, k]
+                    for j in range(width):
+                        part[m, j] += xm * w[j]
+            if lo == 0:
+                total[:] = part
+            else:
+                for m in range(rows):
+                    for j in range(width):
+                        total[m, j] += part[m, j]
+        for m in range(rows):
+            for j in range(min(width, n_out - t * width)):
+                out[m, t * width + j] = total[m, j] + bias[t * width + j] if bias.shape[0] else total[m, j]
 
 
 @njit(fastmath={"reassoc", "nsz"}, cache=True, boundscheck=False, nogil=True, error_model="numpy")

@@ -19,6 +19,7 @@ rounding, its sums in another order than oneDNN's).
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from . import compiled
 
@@ -110,6 +111,23 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         compiled.give_up(error)
         return None
     return out.view(*x.shape[:-1], weight.shape[0])
+
+
+class Streamed:
+    """:func:`linear_rows` as a row kernel of :mod:`..models.packed_linear`: for a contiguous
+    bfloat16 weight it keeps the weight itself (nothing to prepare)."""
+
+    def prepare(self, weight: Tensor, bias: Tensor | None, product: object) -> Tensor | None:
+        del bias, product  # (no check: the loop is within one rounding of the product, not its bits)
+        usable = weight.dtype == torch.bfloat16 and weight.dim() == 2 and weight.is_contiguous()
+        return weight if usable else None
+
+    def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+        return linear_rows(x, weight, bias)
+
+
+#: The bfloat16 row kernel the engine gives its packed and merged layers.
+STREAMED = Streamed()
 
 
 def _eager_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

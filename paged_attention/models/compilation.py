@@ -22,9 +22,14 @@ What the compiled model is (:func:`compile_model`):
 * the attention function becomes one opaque call, ``torch.ops.paged_attention.attend``
   (registered in :mod:`..engine.worker.model_runner`), which reads the step's forward context as
   the eager call does: the paged kernels are the same ones;
-* inductor with ``freezing``: the weights are constants of the graph, so inductor packs every
-  linear layer for oneDNN itself and concatenates the products that share an input (Q/K/V,
-  gate/up: ``cpp.enable_concat_linear``), and fuses the small operations into C++ loops;
+* the engine's packed and merged linear layers (:mod:`.packed_linear`, :mod:`.merged_projections`)
+  become opaque calls too (:mod:`.opaque`), so that at run time each product picks its kernel by
+  the step's rows (a one-sequence step reads the weights at the memory's pace; vLLM's CPU graph
+  calls its own ``onednn_mm`` the same way); a linear layer the engine did not pack (another
+  device) is inductor's, packed for oneDNN and concatenated with its siblings
+  (``cpp.enable_concat_linear``);
+* inductor with ``freezing`` (the remaining weights are constants of the graph) fuses the small
+  operations between products and attention into C++ loops;
 * guards are checked on the first two calls only, the second failing loudly if it would compile
   again; after that they are skipped (``skip_guard_eval_unsafe``, as vLLM's trace-once mode skips
   them): what they watch (the module's structure and hooks, grad mode, the attention

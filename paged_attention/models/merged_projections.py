@@ -30,13 +30,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import invariant
+from . import invariant, opaque
 from .packed_linear import (
     PACKED_DTYPES,
-    RowProduct,
+    RowKernel,
     pack_weight,
     packed_product,
     packing_available,
+    prepare_rows,
     replace_layers,
     weight_state,
 )
@@ -48,16 +49,18 @@ GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 class MergedProduct:
     """One group's merged weight and the latest product's column slices, waiting to be taken."""
 
-    def __init__(self, layers: list[torch.nn.Linear], rows: RowProduct | None = None) -> None:
+    def __init__(self, layers: list[torch.nn.Linear], rows: RowKernel | None = None) -> None:
         self.layers = layers
-        self.rows = rows  # tried first on every product (None: always the packed product)
+        self.rows = rows  # tried first on every product it applies to (None: always the packed product)
         self.sizes = [layer.out_features for layer in layers]
         self.pack = False
         self.weight = self.bias = self.packed = None  # type: torch.Tensor | None
+        self.prepared: object | None = None  # what rows keeps for the merged weight
         self.state: tuple[object, ...] = ()
         self._input: torch.Tensor | None = None
         self._slices: list[torch.Tensor | None] = []
         self.rebuild()
+        self.handle = opaque.register(self)  # what a compiled graph calls (see .opaque)
 
     def _state(self) -> tuple[object, ...]:
         """What identifies the members' values: each parameter, its storage and its version."""
@@ -78,6 +81,7 @@ class MergedProduct:
         weight = self.weight
         self.pack = weight.dtype in PACKED_DTYPES and weight.device.type == "cpu" and packing_available()
         self.packed = pack_weight(weight) if self.pack else None  # after .to(...), per the new device
+        self.prepared = prepare_rows(self.rows, weight, self.packed, self.bias)
         self.state = self._state()
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
@@ -87,8 +91,8 @@ class MergedProduct:
         return invariant.product(self._multiply, x)  # in fixed row chunks in batch-invariant mode
 
     def _multiply(self, x: torch.Tensor) -> torch.Tensor:
-        if self.rows is not None:  # (autograd never gets here: members multiply themselves then)
-            out = self.rows(x, self.weight, self.bias)
+        if self.prepared is not None:  # (autograd never gets here: members multiply themselves then)
+            out = self.rows(x, self.prepared, self.bias)
             if out is not None:
                 return out
         if self.packed is not None and x.dtype == self.weight.dtype:
@@ -120,9 +124,12 @@ class MergedMember(torch.nn.Linear):
         self.group: MergedProduct | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or self.group is None:
+        group = self.group
+        if torch.is_grad_enabled() or group is None:
             return F.linear(x, self.weight, self.bias)
-        return self.group.take(self.index, x)
+        if torch.compiler.is_compiling():  # traced: every member the same opaque call, kept once
+            return opaque.multiply(x, group.handle, sum(group.sizes)).split(group.sizes, dim=-1)[self.index]
+        return group.take(self.index, x)
 
     def unmerged(self) -> torch.nn.Linear:
         """An ordinary ``nn.Linear`` holding the same parameters, given storage of their own."""
@@ -137,7 +144,7 @@ class MergedMember(torch.nn.Linear):
         return linear
 
 
-def merge_projections(model: torch.nn.Module, rows: RowProduct | None = None) -> int:
+def merge_projections(model: torch.nn.Module, rows: RowKernel | None = None) -> int:
     """Merge every group of :data:`GROUPS` in ``model`` whose layers are plain ``nn.Linear`` on one
     device and dtype, reading the same number of features, and whose merged product agrees with the
     separate ones bit for bit; in place (each group trying ``rows`` first on every product, as

@@ -33,19 +33,42 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from . import invariant
+from . import invariant, opaque
 
 #: The dtypes whose CPU linear layers are packed.
 PACKED_DTYPES = (torch.bfloat16, torch.float32)
 
-#: ``rows(x, weight, bias)``: a product of a few rows another way, or ``None`` where it does not
-#: apply (the engine passes :func:`..kernels.rows.linear_rows`).
-RowProduct = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], "torch.Tensor | None"]
+
+class RowKernel(Protocol):
+    """Products of a few rows another way than the packed product (the engine passes
+    :data:`..kernels.rows.STREAMED` for bfloat16, :data:`..kernels.tiled.TILED` for float32)."""
+
+    def prepare(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, product: Callable[[torch.Tensor], torch.Tensor]
+    ) -> Any:
+        """What the kernel keeps for ``weight`` (``None``: it does not apply to it); ``product(x)``
+        is the packed product it stands in for, to check against."""
+
+    def __call__(self, x: torch.Tensor, prepared: Any, bias: torch.Tensor | None) -> torch.Tensor | None:
+        """``F.linear(x, weight, bias)``, or ``None`` where it does not apply (too many rows, ...)."""
+
+
+def prepare_rows(
+    rows: RowKernel | None, weight: torch.Tensor, packed: torch.Tensor | None, bias: torch.Tensor | None
+) -> Any:
+    """What ``rows`` keeps for ``weight``, packed as ``packed`` (or not packed: ``None``); ``None``
+    where there is no kernel or it does not apply to this weight."""
+    if rows is None:
+        return None
+    weight, bias = weight.detach(), None if bias is None else bias.detach()
+    if packed is None:
+        return rows.prepare(weight, bias, lambda x: F.linear(x, weight, bias))
+    return rows.prepare(weight, bias, lambda x: packed_product(x, packed, bias))
 
 
 @functools.cache
@@ -74,38 +97,43 @@ def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
 
 class PackedLinear(torch.nn.Linear):
     """An ``nn.Linear`` (same parameters, the same results up to the products' order of sums) that
-    multiplies with a packed weight copy, trying ``rows`` first where one is given."""
+    multiplies with a packed weight copy, trying ``rows`` first where one is given and applies."""
 
-    def __init__(self, linear: torch.nn.Linear, rows: RowProduct | None = None) -> None:
+    def __init__(self, linear: torch.nn.Linear, rows: RowKernel | None = None) -> None:
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the same Parameter: ties and the state dict are unchanged
         self.bias = linear.bias
-        self.rows = rows  # tried first on every product (None: always the packed product)
+        self.rows = rows  # tried first on every product it applies to (None: always the packed product)
         self._repack()
+        self.handle = opaque.register(self)  # what a compiled graph calls (see .opaque)
 
     def _state(self) -> tuple[int, int, int | None]:
         return weight_state(self.weight)
 
     def _repack(self) -> None:
         self.packed = pack_weight(self.weight)
+        self.prepared = prepare_rows(self.rows, self.weight, self.packed, self.bias)  # what rows keeps
         self.packed_state = self._state()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return invariant.product(self._multiply, x)  # in fixed row chunks in batch-invariant mode
+        if torch.compiler.is_compiling():  # traced: one opaque call, this layer's product at run time
+            return opaque.multiply(x, self.handle, self.out_features)
+        return invariant.product(self.product, x)  # in fixed row chunks in batch-invariant mode
 
-    def _multiply(self, x: torch.Tensor) -> torch.Tensor:
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.linear(x, weight, bias)``: the row kernel's where it applies, else the packed product."""
         weight = self.weight
         if torch.is_grad_enabled() or x.dtype not in PACKED_DTYPES or weight.dtype != x.dtype:
             return F.linear(x, weight, self.bias)
         if x.device.type != "cpu" or weight.device.type != "cpu":
             return F.linear(x, weight, self.bias)
-        if self.rows is not None:
-            out = self.rows(x, weight, self.bias)
-            if out is not None:
-                return out
         if self._state() != self.packed_state:
             self._repack()
+        if self.prepared is not None:
+            out = self.rows(x, self.prepared, self.bias)
+            if out is not None:
+                return out
         return packed_product(x, self.packed, self.bias)
 
     def unpacked(self) -> torch.nn.Linear:
@@ -118,7 +146,7 @@ class PackedLinear(torch.nn.Linear):
 
 
 def pack_linear_layers(
-    model: torch.nn.Module, skip: torch.nn.Module | None = None, rows: RowProduct | None = None
+    model: torch.nn.Module, skip: torch.nn.Module | None = None, rows: RowKernel | None = None
 ) -> int:
     """Replace every CPU ``nn.Linear`` of :data:`PACKED_DTYPES` in ``model`` (outside ``skip``, a
     submodule left as it is) by a :class:`PackedLinear` (trying ``rows`` first on each product), in

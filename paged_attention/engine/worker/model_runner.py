@@ -41,7 +41,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from ... import kernels
 from ...kernels import reference
 from ...kernels.layout import pad_block_ids
-from ...kernels.rows import linear_rows, replace_norms
+from ...kernels.rows import STREAMED, replace_norms
+from ...kernels.tiled import TILED
 from ...models import invariant
 from ...models.compilation import CompilationConfig, compile_model
 from ...models.merged_projections import merge_projections
@@ -249,15 +250,17 @@ class ModelRunner:
         model.set_attn_implementation(COMPILED_NAME if self.compiled else ATTENTION_NAME)
         #: Q/K/V and gate/up become one product each (:mod:`..models.merged_projections`), then the
         #: other linear layers on a CPU get their weights packed once (:mod:`..models.packed_linear`);
-        #: with the compiled backend, bfloat16 products of a few rows stream the weights instead
-        #: (:func:`..kernels.rows.linear_rows`: a step of one sequence is bound by reading them). A
-        #: compiled model leaves merging and packing to inductor, but for the output layer.
+        #: with the compiled backend, products of a few rows stream the weights instead (a step of
+        #: one sequence is bound by reading them): bfloat16 ones straight from the weights
+        #: (:mod:`..kernels.rows`), float32 ones from a tiled copy, in oneDNN's order of sums
+        #: (:mod:`..kernels.tiled`). A compiled model's graph calls each of these layers as one
+        #: opaque operation (:mod:`..models.opaque`), so they choose their kernel at run time.
         on_cpu = self.device.type == "cpu"
         bf16 = next(model.parameters()).dtype == torch.bfloat16
-        few = linear_rows if bf16 and self.backend == "compiled" and not self.batch_invariant else None
-        self.num_merged_groups = merge_projections(model, few) if on_cpu and not self.compiled else 0
-        skip = model.base_model if self.compiled else None
-        self.num_packed_layers = pack_linear_layers(model, skip=skip, rows=few) if on_cpu else 0
+        fast = self.backend == "compiled" and not self.batch_invariant
+        few = (STREAMED if bf16 else TILED) if fast else None
+        self.num_merged_groups = merge_projections(model, few) if on_cpu else 0
+        self.num_packed_layers = pack_linear_layers(model, rows=few) if on_cpu else 0
         #: With the compiled CPU backend, each bfloat16 RMSNorm is one compiled pass per row
         #: (:mod:`..kernels.rows`); a compiled model's norms are inductor's
         eager_norms = self.backend == "compiled" and not self.compiled
