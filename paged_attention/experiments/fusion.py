@@ -3,8 +3,9 @@
 Eager, transformers' module code issues every operation from Python: each is a dispatch and a
 pass over memory. Compiled (``compilation_config=3``, :mod:`..models.compilation`), inductor
 writes a Python wrapper that calls three kinds of things: its own fused C++ loops (named after the
-operations each one fuses), the matrix products (oneDNN's packed ``_linear_pointwise``) and our
-attention operation. :func:`forward_calls` counts the first; :func:`compiled_calls` reads the second
+operations each one fuses), the matrix products (the engine's packed and merged layers, one opaque
+operation each, :mod:`..models.opaque`; or inductor's own calls of oneDNN for layers the engine did
+not pack) and our attention operation. :func:`forward_calls` counts the first; :func:`compiled_calls` reads the second
 from the code inductor generated (:func:`compile_and_read`).
 """
 
@@ -24,7 +25,8 @@ T = TypeVar("T")
 KINDS = {
     "fused loops": re.compile(r"^cpp_fused_\w+\("),
     "matrix products": re.compile(
-        r"^(\w+ = torch\.ops\.mkldnn\._linear_pointwise|\w+ = torch\.ops\.mkl\._mkl_linear"
+        r"^(\w+ = torch\.ops\.paged_attention_linear\.multiply|\w+ = torch\.ops\.mkldnn\._linear_pointwise"
+        r"|\w+ = torch\.ops\.mkl\._mkl_linear"
         r"|extern_kernels\.(mm|addmm|bmm)\()"
     ),
     "attention": re.compile(r"^\w+ = torch\.ops\.paged_attention\.attend"),
