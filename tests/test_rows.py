@@ -166,3 +166,20 @@ def test_the_engine_streams_the_weights_of_one_row_products_and_generates_the_sa
     for owner in owners:
         owner.prepared = None
     assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == text
+
+
+def test_the_row_loops_file_is_stamped_when_the_helpers_it_imports_are_newer(tmp_path) -> None:
+    """Numba's disk cache checks only a function's own file: :mod:`.loop_rows` takes a newer
+    modification time when ``loop_nest.py`` (its helpers) is newer, so its loops compile again."""
+    import os
+
+    from paged_attention.kernels.loop_rows import stamp
+
+    target, dependency = tmp_path / "loop_rows.py", tmp_path / "loop_nest.py"
+    target.write_text("a")
+    dependency.write_text("b")
+    os.utime(target, (1_000, 1_000))
+    os.utime(dependency, (2_000, 2_000))
+    assert stamp(target, dependency) and target.stat().st_mtime > 2_000
+    assert not stamp(target, dependency)  # now newer: left alone
+    assert not stamp(tmp_path / "missing.py", dependency)

@@ -1,6 +1,6 @@
-"""The loop nests Numba compiles for the CPU: attention in place, the K/V store, few-row products, RMSNorm.
+"""The loop nests Numba compiles for the CPU: attention in place and the K/V store (rows: :mod:`.loop_rows`).
 
-:mod:`.compiled` calls the first three and tells why; :mod:`.rows` calls the last two. All arguments are
+:mod:`.compiled` calls them and tells why. All arguments are
 NumPy arrays; bfloat16 arrives as its raw 16 bits (``uint16``), float32 as itself.
 
 * ``decode(query, key_cache, value_cache, k_scales, v_scales, table, blocks, seq_lens, scale, out)``:
@@ -19,17 +19,6 @@ NumPy arrays; bfloat16 arrives as its raw 16 bits (``uint16``), float32 as itsel
 * ``store_int8(x, cache, scales, map_blocks, map_tokens)`` and ``decode_layer_int8(...)``: the int8
   cache's store, block by block with a scale per block and KV head (the arithmetic of
   :func:`.quantization.store_block_scaled`, to the bit), and the fused layer step over it.
-* ``linear_rows(x, weight, bias, out)``: ``x[M, K] @ weight[N, K].T + bias[N]`` for a few rows
-  (``bias`` of length 0: none), float32 sums, each weight row read once: a matrix-vector product
-  that streams the weights at the memory's pace.
-* ``tiled_product(x, tiles, block, bias, out)``: the same product in float32 from
-  ``tiles[ceil(N / T), K, T]``, summed in oneDNN's order (:mod:`.tiled` says which).
-* ``rms_norm(x, weight, eps, out)``: ``x[T, D]``, ``weight[D]``, ``out[T, D]`` of one kind. The
-  arithmetic and roundings of transformers' ``LlamaRMSNorm``: the row widened to float32,
-  ``y = x * (1 / sqrt(mean(x**2) + eps))``, ``y`` rounded to the input's kind, then multiplied by the
-  weight and rounded again. The mean is summed in another order than torch's (float32 results a few
-  ulps apart, as any two vector reductions; bfloat16 results nearly always the same bits).
-
 Numba compiles one machine-code version per combination of kinds and keeps it in its disk cache.
 The helpers live in this file on purpose: Numba's disk cache checks only the source file of the
 cached function, so an edited helper imported from another file would go unnoticed.
@@ -319,71 +308,3 @@ def decode_layer_int8(
     store_int8(value, caches[layer, 1], scales[layer, 1], map_blocks, map_tokens)
     decode(query, caches[layer, 0], caches[layer, 1], scales[layer, 0], scales[layer, 1], fp8_format, blocks,
            seq_lens, scale, out)  # fmt: skip
-
-
-@njit(fastmath={"reassoc", "contract"}, cache=True, boundscheck=False, nogil=True, error_model="numpy")
-def linear_rows(x, weight, bias, out):  # pragma: no cover - compiled
-    """``out = x @ weight.T + bias`` for a few rows ``x[M, K]``, ``weight[N, K]``, ``bias[N]``
-    (length 0: none): each weight row comes in from memory once for all ``M`` rows, float32 sums,
-    rounded once."""
-    rows, k_in = x.shape
-    wide = np.empty((rows, k_in), np.float32)
-    for m in range(rows):
-        for k in range(k_in):
-            wide[m, k] = widen(x[m, k])
-    for n in range(weight.shape[0]):
-        w = weight[n]
-        for m in range(rows):
-            a = np.float32(0.0)
-            for k in range(k_in):
-                a += widen(w[k]) * wide[m, k]
-            if bias.shape[0] > 0:
-                a += widen(bias[n])
-            out[m, n] = rounded(a, out)
-
-
-@njit(fastmath={"contract"}, cache=True, boundscheck=False, nogil=True, error_model="numpy")
-def tiled_product(x, tiles, block, bias, out):  # pragma: no cover - compiled
-    """``out = x @ weight.T + bias`` (float32) from ``tiles[ceil(N / T), K, T]``: per output, fused
-    multiply-adds in the order of ``k`` from zero within each block of ``block``, the blocks' sums
-    added in order, then the bias (oneDNN's order: contraction is the only liberty taken)."""
-    rows, k_in = x.shape
-    width, n_out = tiles.shape[2], out.shape[1]
-    total = np.empty((rows, width), np.float32)
-    part = np.empty((rows, width), np.float32)
-    for t in range(tiles.shape[0]):
-        for lo in range(0, k_in, block):
-            part[:] = 0.0
-            for k in range(lo, min(k_in, lo + block)):
-                w = tiles[t, k]
-                for m in range(rows):
-                    xm = x[m, k]
-                    for j in range(width):
-                        part[m, j] += xm * w[j]
-            if lo == 0:
-                total[:] = part
-            else:
-                for m in range(rows):
-                    for j in range(width):
-                        total[m, j] += part[m, j]
-        for m in range(rows):
-            for j in range(min(width, n_out - t * width)):
-                out[m, t * width + j] = total[m, j] + bias[t * width + j] if bias.shape[0] else total[m, j]
-
-
-@njit(fastmath={"reassoc", "nsz"}, cache=True, boundscheck=False, nogil=True, error_model="numpy")
-def rms_norm(x, weight, eps, out):  # pragma: no cover - compiled
-    """``out[t] = weight * round(x[t] / sqrt(mean(x[t]**2) + eps))``, rounded (see the module)."""
-    rows, dim = x.shape
-    row = np.empty(dim, np.float32)
-    for t in range(rows):
-        total = np.float32(0.0)
-        for d in range(dim):
-            v = widen(x[t, d])
-            row[d] = v
-            total += v * v
-        mean = total * (np.float32(1.0) / np.float32(dim))
-        inverse = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
-        for d in range(dim):
-            normed = widen(rounded(row[d] * inverse, out))
-            out[t, d] = rounded(widen(weight[d]) * normed, out)

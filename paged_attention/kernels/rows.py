@@ -4,7 +4,7 @@ A decode step of SmolLM2 at 64 sequences spent ~17 ms in small eager PyTorch ope
 products and attention (torch's profiler, this project's 2-core machine, bfloat16). Two of them:
 
 * a transformers ``LlamaRMSNorm`` is eight operations (widen, square, mean, add, rsqrt, multiply,
-  round, multiply), 61 of them per step; :class:`RMSNorm` (:mod:`.loop_nest`, compiled by Numba)
+  round, multiply), 61 of them per step; :class:`RMSNorm` (:mod:`.loop_rows`, compiled by Numba)
   is one pass per row: 29 instead of 40 us at 64 rows, 0.41 instead of 0.76 ms at 2,048 (the
   engine uses it for bfloat16 models: see :func:`replace_norms`);
 * the greedy sampler widened the ``[64, 49152]`` logits to float32 and ran ``torch.argmax`` (a
@@ -59,13 +59,13 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' ``LlamaRMSNorm`` of ``x[..., D]`` with ``weight[D]`` (see :mod:`.loop_nest`)."""
+    """transformers' ``LlamaRMSNorm`` of ``x[..., D]`` with ``weight[D]`` (see :mod:`.loop_rows`)."""
     if not _fits(x, weight) or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return _eager_rms_norm(x, weight, eps)
     rows = x.detach().reshape(-1, x.shape[-1]).contiguous()
     out = torch.empty_like(rows)
     try:
-        from .loop_nest import rms_norm as loop  # imported late: importing Numba costs half a second
+        from .loop_rows import rms_norm as loop  # imported late: importing Numba costs half a second
 
         weights = compiled.as_numpy(weight.detach().contiguous())
         loop(compiled.as_numpy(rows), weights, float(eps), compiled.as_numpy(out))
@@ -81,7 +81,7 @@ LINEAR_ROWS = 4
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """``F.linear(x, weight, bias)`` for a bfloat16 ``x[..., K]`` of at most :data:`LINEAR_ROWS` rows
-    and a contiguous ``weight[N, K]``, as one pass over the weights (:mod:`.loop_nest`): a decode
+    and a contiguous ``weight[N, K]``, as one pass over the weights (:mod:`.loop_rows`): a decode
     step of one sequence is a matrix-vector product per layer, bound by reading the weights, and
     oneDNN's blocked kernel reads them well below the memory's pace there (SmolLM2's layers, one
     thread, this project's 2-core AMD EPYC: 18.3 GB/s here against 12.2 GB/s; in float32 the same
@@ -102,7 +102,7 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     flat = x.detach().reshape(rows, x.shape[-1]).contiguous()
     out = flat.new_empty(rows, weight.shape[0])
     try:
-        from .loop_nest import linear_rows as loop  # imported late: importing Numba costs half a second
+        from .loop_rows import linear_rows as loop  # imported late: importing Numba costs half a second
 
         added = bias.detach().contiguous() if bias is not None else weight.new_empty(0)
         matrix = compiled.as_numpy(weight.detach())  # (contiguous: checked above)

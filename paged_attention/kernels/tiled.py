@@ -88,7 +88,7 @@ def tiled_product(x: torch.Tensor, tiles: Tiles, bias: torch.Tensor | None) -> t
     flat = x.detach().reshape(rows, k).contiguous()
     out = flat.new_empty(rows, tiles.out_features)
     try:
-        from .loop_nest import tiled_product as loop  # imported late: importing Numba costs half a second
+        from .loop_rows import tiled_product as loop  # imported late: importing Numba costs half a second
 
         added = bias.detach().contiguous() if bias is not None else flat.new_empty(0)
         loop(flat.numpy(), tiles.tiles.numpy(), tiles.block, added.numpy(), out.numpy())
