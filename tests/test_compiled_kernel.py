@@ -86,7 +86,8 @@ def test_the_exp_is_accurate_over_its_whole_range():
 
 
 def test_engine_decode_rows_inside_a_mixed_step_use_the_compiled_kernel():
-    """paged_prefill with the compiled backend: decode rows by the in-place kernel, prompts by SDPA."""
+    """paged_prefill with the compiled backend: decode rows by the in-place decode kernel, prompts by
+    the in-place prefill loop nest."""
     case = make_paged_case([1 + 8, 13, 30], 8, 2, 32, torch.float32)
     q_lens = [1, 13, 5]
     query = torch.randn(sum(q_lens), 8, 32)
@@ -95,6 +96,45 @@ def test_engine_decode_rows_inside_a_mixed_step_use_the_compiled_kernel():
     torch.testing.assert_close(
         kernels.paged_prefill(*args, backend="compiled"), reference.paged_prefill(*args), atol=2e-5, rtol=1e-5
     )
+
+
+PREFILL_SHAPES = [((8, 8), 64, 16), ((9, 3), 64, 5), ((16, 1), 80, 1), ((8, 2), 6, 128), ((4, 2), 33, 16)]
+PREFILL_GRID = [(*shape, dtype) for dtype in (torch.float32, torch.bfloat16) for shape in PREFILL_SHAPES]
+
+
+@pytest.mark.parametrize(("heads", "head_dim", "block_size", "dtype"), PREFILL_GRID)
+def test_compiled_prefill_reads_the_pages_in_place_and_matches_reference_and_sdpa(
+    heads, head_dim, block_size, dtype, monkeypatch
+):
+    """Prompts longer than the decode path takes, whole or after a cached prefix (chunked prefill,
+    prefix-cache hits), at and across query and key tile edges, any block size and head size (6 and
+    33: not a multiple of the loop's four), GQA/MQA: the loop nest writes every long sequence's rows
+    (no SDPA call), within the decode kernel's tolerance of the float64 reference; on contiguous
+    float32 tensors also of SDPA with a causal mask. NaN in every slot past a sequence's end."""
+    q_lens = [7, 16, 17, 64, 65, 130, 40]
+    context = [0, 0, 3, 0, 64, 20, 100]  # cached before the new tokens
+    lens = [c + n for c, n in zip(context, q_lens, strict=True)]
+    case = make_paged_case(lens, block_size, heads[1], head_dim, dtype, seed=head_dim + block_size)
+    query = torch.randn(sum(q_lens), heads[0], head_dim).to(dtype)
+    loc = query_start_loc(q_lens)
+    args = (query, case.key_cache, case.value_cache, case.block_tables, case.seq_lens, loc)
+    calls = []
+    real = compiled.paged_prefill
+    monkeypatch.setattr(compiled, "paged_prefill", lambda *a: calls.append(a[6]) or real(*a))
+    monkeypatch.setattr(F, "scaled_dot_product_attention", None)  # would fail if the prompts took SDPA
+    out = kernels.paged_prefill(*args, backend="compiled")
+    assert calls == [list(range(len(q_lens)))] and torch.isfinite(out).all()
+    monkeypatch.undo()
+    torch.testing.assert_close(out, reference.paged_prefill(*args), **TOLERANCE[dtype])
+    if dtype == torch.float32:
+        for i, (k, v) in enumerate(zip(case.keys, case.values, strict=True)):
+            rows = slice(int(loc[i]), int(loc[i + 1]))
+            visible = torch.arange(lens[i])[None, :] <= (context[i] + torch.arange(q_lens[i]))[:, None]
+            expected = F.scaled_dot_product_attention(
+                query[rows].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=visible,
+                enable_gqa=True,
+            ).transpose(0, 1)  # fmt: skip
+            torch.testing.assert_close(out[rows], expected, atol=2e-5, rtol=1e-5)
 
 
 def test_auto_is_the_compiled_kernel_on_a_cpu_and_bad_input_errors_are_the_references():

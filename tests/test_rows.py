@@ -168,12 +168,13 @@ def test_the_engine_streams_the_weights_of_one_row_products_and_generates_the_sa
     assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == text
 
 
-def test_the_row_loops_file_is_stamped_when_the_helpers_it_imports_are_newer(tmp_path) -> None:
-    """Numba's disk cache checks only a function's own file: :mod:`.loop_rows` takes a newer
-    modification time when ``loop_nest.py`` (its helpers) is newer, so its loops compile again."""
+def test_a_loop_file_is_stamped_when_the_helpers_it_imports_are_newer(tmp_path) -> None:
+    """Numba's disk cache checks only a function's own file: :mod:`.loop_rows` and :mod:`.loop_int8`
+    take a newer modification time when ``loop_nest.py`` (their helpers) is newer, so that their
+    loops compile again."""
     import os
 
-    from paged_attention.kernels.loop_rows import stamp
+    from paged_attention.kernels.loop_nest import stamp
 
     target, dependency = tmp_path / "loop_rows.py", tmp_path / "loop_nest.py"
     target.write_text("a")

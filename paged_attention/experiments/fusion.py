@@ -5,8 +5,8 @@ pass over memory. Compiled (``compilation_config=3``, :mod:`..models.compilation
 writes a Python wrapper that calls three kinds of things: its own fused C++ loops (named after the
 operations each one fuses), the matrix products (the engine's packed and merged layers, one opaque
 operation each, :mod:`..models.opaque`; or inductor's own calls of oneDNN for layers the engine did
-not pack) and our attention operation. :func:`forward_calls` counts the first; :func:`compiled_calls` reads the second
-from the code inductor generated (:func:`compile_and_read`).
+not pack) and our attention operation. :func:`forward_calls` counts the first; :func:`compiled_calls`
+reads the second from the code inductor generated (:func:`compile_and_read`).
 """
 
 from __future__ import annotations

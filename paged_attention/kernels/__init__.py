@@ -197,15 +197,17 @@ def paged_prefill(
     cache read with its ``k_scale``/``v_scale``, as in :func:`paged_decode`).
 
     The torch backend runs torch's fused ``scaled_dot_product_attention`` in the cache's dtype
-    (:func:`.reference.paged_prefill` with ``fused=True``); the compiled backend does the same for
-    sequences that bring several tokens and runs its in-place kernel for those that bring one."""
+    over each sequence's gathered pages (:func:`.reference.paged_prefill` with ``fused=True``); the
+    compiled backend reads the pages in place: its decode kernel for sequences that bring a few
+    tokens (a row per token), its prefill loop nest for longer ones."""
     chosen = resolve_backend(backend, query.device)
     scales = {"k_scale": k_scale, "v_scale": v_scale}
     if chosen in ("torch", "compiled"):
-        decode = _compiled_decode if chosen == "compiled" and query.dtype != torch.float64 else None
+        fast = chosen == "compiled" and query.dtype != torch.float64
         return reference.paged_prefill(
             query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, fused=True,
-            decode=decode, **scales,
+            decode=_compiled_decode if fast else None, prefill=compiled.paged_prefill if fast else None,
+            **scales,
         )  # fmt: skip
     return _triton()[1].paged_prefill(
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, **scales

@@ -165,6 +165,53 @@ def paged_decode(
     return out
 
 
+def paged_prefill(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seqs: list[int],
+    scale: float,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    out: torch.Tensor,
+) -> bool:
+    """Write the rows of ``out`` of the sequences ``seqs`` (:func:`.reference.paged_prefill`'s
+    contract: causal, the new tokens last; no checks: the caller validated), reading their blocks
+    in place (:func:`.loop_nest.prefill`); ``False`` (nothing written) where the loop does not
+    apply: another dtype, a strided cache, Numba unavailable."""
+    if (
+        _failed is not None
+        or key_cache.dtype not in (*DTYPES, *QUANTIZED_DTYPES)
+        or query.dtype not in DTYPES
+        or not (key_cache.is_contiguous() and value_cache.is_contiguous() and out.is_contiguous())
+    ):
+        return False
+    try:
+        from .loop_nest import prefill  # imported late: importing Numba costs half a second
+
+        prefill(
+            as_numpy(query.detach().contiguous()),
+            as_numpy(key_cache.detach()),
+            as_numpy(value_cache.detach()),
+            scales(key_cache, k_scale),
+            scales(value_cache, v_scale),
+            fp8_format(key_cache.dtype),
+            block_tables.to(torch.int64).contiguous().numpy(),
+            seq_lens.to(torch.int64).contiguous().numpy(),
+            query_start_loc.to(torch.int64).contiguous().numpy(),
+            np.array(seqs, np.int64),
+            float(scale),
+            as_numpy(out),
+        )
+    except Exception as error:
+        give_up(error)  # re-raises anything that is not Numba missing or failing to compile
+        return False
+    return True
+
+
 def store_kv(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -182,7 +229,7 @@ def store_kv(
         plan = plan or StoreMap.build(slot_mapping, key_cache.shape[1])
         try:
             if _failed is None and key.dtype in DTYPES and value.dtype == key.dtype:
-                from .loop_nest import store_int8  # imported late: importing Numba costs half a second
+                from .loop_int8 import store_int8  # imported late: importing Numba costs half a second
 
                 for x, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
                     rows = as_numpy(x.detach().contiguous())
@@ -271,11 +318,11 @@ def decode_layer(
         return None
     out = query.new_empty(query.shape)
     try:
-        from . import loop_nest  # imported late: importing Numba costs half a second
+        from . import loop_int8, loop_nest  # imported late: importing Numba costs half a second
 
         q, k, v = as_numpy(query.detach()), as_numpy(key.detach()), as_numpy(value.detach())
         if int8:
-            loop_nest.decode_layer_int8(q, k, v, step.caches, step.scales, layer, step.map_blocks,
+            loop_int8.decode_layer_int8(q, k, v, step.caches, step.scales, layer, step.map_blocks,
                                         step.map_tokens, step.blocks, step.seq_lens, scale, _NOT_FP8,
                                         as_numpy(out))  # fmt: skip
         else:

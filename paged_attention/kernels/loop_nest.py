@@ -1,4 +1,4 @@
-"""The loop nests Numba compiles for the CPU: attention in place and the K/V store (rows: :mod:`.loop_rows`).
+"""The loop nests Numba compiles for the CPU: attention in place, the K/V store, and their helpers.
 
 :mod:`.compiled` calls them and tells why. All arguments are
 NumPy arrays; bfloat16 arrives as its raw 16 bits (``uint16``), float32 as itself.
@@ -11,17 +11,17 @@ NumPy arrays; bfloat16 arrives as its raw 16 bits (``uint16``), float32 as itsel
   ``blocks[S, W]`` and ``seq_lens[S]`` int64; ``out[S, H, D]`` of the query's kind, written. Float32
   arithmetic whatever the kinds: the query is widened and multiplied by ``scale`` once per sequence,
   the result rounded once (round to nearest even, as torch's ``.to(torch.bfloat16)``).
+* ``prefill(query, ..., blocks, seq_lens, starts, seqs, scale, out)``: causal attention of the
+  listed sequences' new tokens (``query[starts[s]:starts[s + 1]]``) over their blocks, in place.
 * ``store(key, value, key_cache, value_cache, slot_mapping)``: rows of ``[tokens, H_kv, D]`` into
   their slots (``-1``: skip), a copy of bits.
 * ``decode_layer(query, key, value, caches, layer, slots, blocks, seq_lens, scale, out)``: the two
   above in one call, for one layer of every layer's ``caches[layers, 2, ...]`` (one dispatch from
   Python instead of two, and no per-layer views of the caches to make).
-* ``store_int8(x, cache, scales, map_blocks, map_tokens)`` and ``decode_layer_int8(...)``: the int8
-  cache's store, block by block with a scale per block and KV head (the arithmetic of
-  :func:`.quantization.store_block_scaled`, to the bit), and the fused layer step over it.
-Numba compiles one machine-code version per combination of kinds and keeps it in its disk cache.
-The helpers live in this file on purpose: Numba's disk cache checks only the source file of the
-cached function, so an edited helper imported from another file would go unnoticed.
+
+Numba compiles one machine-code version per combination of kinds and keeps it in its disk cache,
+which checks only the source file of a cached function: the loops of :mod:`.loop_rows` and
+:mod:`.loop_int8`, which use this file's helpers, :func:`stamp` their own files when this one is newer.
 
 libm's ``expf`` and ``floorf`` are calls, one per element, that stop LLVM from vectorizing a loop;
 :func:`exp` uses the textbook range reduction ``e**x = 2**n * e**r`` (``n`` the nearest integer to
@@ -31,10 +31,26 @@ libm's ``expf`` and ``floorf`` are calls, one per element, that stop LLVM from v
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
+
+
+def stamp(target: Path, dependency: Path = Path(__file__)) -> bool:
+    """Set ``target``'s modification time to now if ``dependency`` (this file) is newer, as ``make``
+    treats a target older than what it depends on, so that Numba compiles its loops again; whether
+    it did."""
+    try:
+        if dependency.stat().st_mtime > target.stat().st_mtime:
+            os.utime(target)
+            return True
+    except OSError:  # a read-only install: its caches were built from its own, unedited files
+        pass
+    return False
 
 
 @njit(inline="always")
@@ -237,6 +253,110 @@ def decode(
                 out[s, i, d] = rounded(acc[i, d] * inverse, out)
 
 
+#: Query rows of one sequence, and cached positions, that :func:`prefill` takes at a time.
+TILE_ROWS, TILE_KEYS = 16, 64
+
+
+@njit(fastmath=True, cache=True, boundscheck=False, nogil=True, error_model="numpy")
+def prefill(
+    query, key_cache, value_cache, k_scales, v_scales, fp8_format, blocks, seq_lens, starts, seqs, scale, out
+):  # pragma: no cover - compiled
+    """Causal attention of each listed sequence's new tokens (``query[starts[s]:starts[s + 1]]``,
+    the last of its ``seq_lens[s]`` positions) over its blocks, in place. Per KV head, per tile of
+    :data:`TILE_ROWS` query rows, per tile of :data:`TILE_KEYS` positions the rows can see, read
+    through the block table (whatever the block size): the keys widened, scaled and transposed to
+    ``[D, TILE_KEYS]`` (a row's scores are then one run of lanes), the values widened; every row and
+    query head of the GQA group scores them, an online softmax per row and head, then the values
+    are added. Positions past the tile's last row are never read; positions past a row's own never
+    enter its softmax (weight 0)."""
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    group = num_heads // num_kv_heads
+    fp8 = (np.uint32(fp8_format[0]), np.uint32(fp8_format[1]))
+    wide = np.empty(head_dim, np.float32)
+    scaled = np.empty((TILE_ROWS, group, head_dim), np.float32)
+    acc = np.empty((TILE_ROWS, group, head_dim), np.float32)
+    best = np.empty((TILE_ROWS, group), np.float32)
+    total = np.empty((TILE_ROWS, group), np.float32)
+    scores = np.empty((TILE_ROWS, group, TILE_KEYS), np.float32)
+    keys = np.zeros((head_dim, TILE_KEYS), np.float32)  # lanes past a tile's end: finite, unused
+    values = np.zeros((TILE_KEYS, head_dim), np.float32)
+    for s in seqs:
+        first, n = starts[s], starts[s + 1] - starts[s]
+        context = seq_lens[s] - n  # positions cached before these tokens
+        for h in range(num_kv_heads):
+            for r0 in range(0, n, TILE_ROWS):
+                rows = min(TILE_ROWS, n - r0)
+                for r in range(rows):
+                    for g in range(group):
+                        q = query[first + r0 + r, h * group + g]
+                        for d in range(head_dim):
+                            scaled[r, g, d] = widen(q[d]) * np.float32(scale)
+                acc[:] = 0.0
+                best[:] = np.float32(-1e30)  # finite: fast-math assumes no infinities
+                total[:] = 0.0
+                last = context + r0 + rows - 1  # the tile's last position
+                for base in range(0, last + 1, TILE_KEYS):
+                    count = min(TILE_KEYS, last + 1 - base)
+                    for t in range(count):
+                        block, offset = blocks[s, (base + t) // block_size], (base + t) % block_size
+                        k = row_of(key_cache[block, offset, h], fp8, wide)
+                        for d in range(head_dim):
+                            keys[d, t] = widen(k[d]) * k_scales[block, h]
+                        v = row_of(value_cache[block, offset, h], fp8, wide)
+                        for d in range(head_dim):
+                            values[t, d] = widen(v[d]) * v_scales[block, h]
+                    scores[:] = 0.0
+                    for d in range(0, head_dim, 4):  # scores: a run of lanes per row and head,
+                        for r in range(rows):  # four dimensions a pass (a quarter of the stores)
+                            for g in range(group):
+                                q = scaled[r, g]
+                                if d + 4 <= head_dim:
+                                    q0, q1, q2, q3 = q[d], q[d + 1], q[d + 2], q[d + 3]
+                                    for t in range(TILE_KEYS):
+                                        scores[r, g, t] += (
+                                            q0 * keys[d, t]
+                                            + q1 * keys[d + 1, t]
+                                            + q2 * keys[d + 2, t]
+                                            + q3 * keys[d + 3, t]
+                                        )
+                                else:
+                                    for e in range(d, head_dim):
+                                        for t in range(TILE_KEYS):
+                                            scores[r, g, t] += q[e] * keys[e, t]
+                    for r in range(rows):  # online softmax over the positions each row may see
+                        seen = min(count, context + r0 + r + 1 - base)
+                        for g in range(group):
+                            m = best[r, g]
+                            for t in range(seen):
+                                m = max(m, scores[r, g, t])
+                            rescale = exp(best[r, g] - m)
+                            best[r, g] = m
+                            subtotal = np.float32(0.0)
+                            for t in range(TILE_KEYS):
+                                p = exp(scores[r, g, t] - m) if t < seen else np.float32(0.0)
+                                scores[r, g, t] = p
+                                subtotal += p
+                            total[r, g] = total[r, g] * rescale + subtotal
+                            for d in range(head_dim):
+                                acc[r, g, d] *= rescale
+                    for t in range(0, count, 4):  # values, weighted by each row's softmax (0:
+                        for r in range(rows):  # unseen; lanes past count hold finite stale rows)
+                            for g in range(group):
+                                p = scores[r, g]
+                                p0, p1, p2, p3 = p[t], p[t + 1], p[t + 2], p[t + 3]
+                                for d in range(head_dim):
+                                    acc[r, g, d] += (
+                                        p0 * values[t, d] + p1 * values[t + 1, d] + p2 * values[t + 2, d]
+                                        + p3 * values[t + 3, d]
+                                    )  # fmt: skip
+                for r in range(rows):
+                    for g in range(group):
+                        inverse = np.float32(1.0) / total[r, g]
+                        for d in range(head_dim):
+                            out[first + r0 + r, h * group + g, d] = rounded(acc[r, g, d] * inverse, out)
+
+
 @njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
 def store(key, value, key_cache, value_cache, slot_mapping):  # pragma: no cover - compiled
     """Copy row ``t`` of ``key``/``value`` ``[tokens, H_kv, D]`` into slot ``slot_mapping[t]`` of the
@@ -262,49 +382,3 @@ def decode_layer(
     scales of 1.0 (``[num_blocks, H_kv]``, strides of 0); ``fp8_format``: unused, any two int64."""
     store(key, value, caches[layer, 0], caches[layer, 1], slots)
     decode(query, caches[layer, 0], caches[layer, 1], ones, ones, fp8_format, blocks, seq_lens, scale, out)
-
-
-@njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
-def store_int8(x, cache, scales, map_blocks, map_tokens):  # pragma: no cover - compiled
-    """Rows of ``x[tokens, H_kv, D]`` into an int8 ``cache`` with ``scales[num_blocks, H_kv]``,
-    block by block (``map_blocks``/``map_tokens``: a :class:`.quantization.StoreMap`): one scale per
-    touched block and head, from the old one and the new rows' largest ``|x|`` / 127; the rows
-    already there requantized to it; writing offset 0 starts the block afresh. No fast-math: the
-    roundings must be the reference's, bit for bit."""
-    block_size, num_kv_heads, head_dim = cache.shape[1], cache.shape[2], cache.shape[3]
-    for e in range(map_blocks.shape[0]):
-        block = map_blocks[e]
-        fresh = map_tokens[e, 0] >= 0
-        for h in range(num_kv_heads):
-            largest = np.float32(0.0)
-            for r in range(block_size):
-                t = map_tokens[e, r]
-                if t >= 0:
-                    for d in range(head_dim):
-                        largest = max(largest, abs(widen(x[t, h, d])))
-            old = np.float32(0.0) if fresh else scales[block, h]
-            new = max(old, largest / np.float32(127.0))
-            inverse = np.float32(1.0) / new if new > 0 else np.float32(0.0)
-            ratio = old * inverse
-            for r in range(block_size):
-                t = map_tokens[e, r]
-                for d in range(head_dim):
-                    if t >= 0:
-                        q = np.floor(widen(x[t, h, d]) * inverse + np.float32(0.5))
-                        q = min(max(q, np.float32(-127.0)), np.float32(127.0))
-                    else:
-                        q = np.floor(np.float32(cache[block, r, h, d]) * ratio + np.float32(0.5))
-                    cache[block, r, h, d] = np.int8(q)
-            scales[block, h] = new
-
-
-@njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
-def decode_layer_int8(
-    query, key, value, caches, scales, layer, map_blocks, map_tokens, blocks, seq_lens, scale, fp8_format, out
-):  # pragma: no cover - compiled
-    """:func:`decode_layer` for an int8 cache: :func:`store_int8` of the keys and values, then
-    :func:`decode` reading them with their per-block scales (``scales[layers, 2, num_blocks, H_kv]``)."""
-    store_int8(key, caches[layer, 0], scales[layer, 0], map_blocks, map_tokens)
-    store_int8(value, caches[layer, 1], scales[layer, 1], map_blocks, map_tokens)
-    decode(query, caches[layer, 0], caches[layer, 1], scales[layer, 0], scales[layer, 1], fp8_format, blocks,
-           seq_lens, scale, out)  # fmt: skip

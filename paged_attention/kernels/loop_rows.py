@@ -13,37 +13,20 @@ All arguments are NumPy arrays; bfloat16 arrives as its raw 16 bits (``uint16``)
   weight and rounded again. The mean is summed in another order than torch's (float32 results a few
   ulps apart, as any two vector reductions; bfloat16 results nearly always the same bits).
 
-The bfloat16 helpers (``widen``, ``rounded``) are :mod:`.loop_nest`'s. Numba's disk cache checks
-only the source file of a cached function, so machine code built here would outlive an edit of
-those helpers: on import, this file is stamped (its modification time set to now) whenever
-``loop_nest.py`` is newer, as ``make`` treats a target older than its dependency, and Numba
-compiles these loops again.
+The bfloat16 helpers (``widen``, ``rounded``) are :mod:`.loop_nest`'s: on import this file is
+stamped newer when that one is (:func:`.loop_nest.stamp`), so that an edited helper is compiled in.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 from numba import njit
 
-from . import loop_nest
-from .loop_nest import rounded, widen
+from .loop_nest import rounded, stamp, widen
 
-
-def stamp(target: Path, dependency: Path) -> bool:
-    """Set ``target``'s modification time to now if ``dependency`` is newer; whether it did."""
-    try:
-        if dependency.stat().st_mtime > target.stat().st_mtime:
-            os.utime(target)
-            return True
-    except OSError:  # a read-only install: its caches were built from its own, unedited files
-        pass
-    return False
-
-
-stamp(Path(__file__), Path(loop_nest.__file__))
+stamp(Path(__file__))
 
 
 @njit(fastmath={"reassoc", "contract"}, cache=True, boundscheck=False, nogil=True, error_model="numpy")

@@ -78,6 +78,9 @@ class GatherPlan:
 #: ``decode(query, key_cache, value_cache, plan, scale, k_scale, v_scale)``: a decode attention
 #: built on a plan.
 DecodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, GatherPlan, float, Scale, Scale], torch.Tensor]
+#: ``prefill(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, seqs, scale,
+#: k_scale, v_scale, out) -> bool``: the long sequences' rows written in place (see paged_prefill)
+PrefillFn = Callable[..., bool]
 
 
 def gather_kv_padded(
@@ -226,6 +229,7 @@ def paged_prefill(
     *,
     k_scale: torch.Tensor | float | None = None,
     v_scale: torch.Tensor | float | None = None,
+    prefill: PrefillFn | None = None,
 ) -> torch.Tensor:
     """Packed new tokens attend causally: the ``j``-th of ``q_len`` new tokens of a sequence with
     ``seq_len`` cached tokens (new ones included) sits at position ``seq_len - q_len + j``.
@@ -236,7 +240,11 @@ def paged_prefill(
     token, and for those that bring up to :data:`DECODE_ROWS_MAX` (a few speculative drafts to
     verify), one decode row per token (the compiled backend passes its in-place kernel).
     ``compute=torch.float64`` (with ``fused=False``): every row in float64, the batch-invariant
-    mode's attention (see :func:`attend`). An 8-bit cache is read with its ``k_scale``/``v_scale``."""
+    mode's attention (see :func:`attend`). An 8-bit cache is read with its ``k_scale``/``v_scale``.
+    ``prefill(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, seqs, scale,
+    k_scale, v_scale, out)`` writes the rows of the sequences ``seqs`` that bring more tokens than
+    that, reading the pages in place, or returns ``False`` to leave them to this function (the
+    compiled backend passes its loop nest)."""
     check_cache(query, key_cache, value_cache, allow_float64=True)
     k_scale, v_scale = check_scales(key_cache, k_scale, v_scale)
     check_tables(block_tables, seq_lens, key_cache, query.device)
@@ -268,9 +276,13 @@ def paged_prefill(
                 query[row_index], key_cache, value_cache, plan, scale, fused=fused, compute=compute,
                 k_scale=k_scale, v_scale=v_scale,
             )  # fmt: skip
-    for i, seq_len in enumerate(lens):
-        if q_lens[i] <= longest:
-            continue
+    long = [i for i, n in enumerate(q_lens) if n > longest]
+    if long and prefill is not None and compute is None:
+        args = (block_tables, seq_lens, query_start_loc, long, scale, k_scale, v_scale, out)
+        if prefill(query, key_cache, value_cache, *args):
+            long = []
+    for i in long:
+        seq_len = lens[i]
         start, end = starts[i], starts[i + 1]
         k, v = gather_kv(key_cache, value_cache, block_tables[i], seq_len, k_scale, v_scale)
         q_pos = seq_len - q_lens[i] + torch.arange(q_lens[i], device=query.device)
