@@ -1,9 +1,8 @@
 """Attention backends: the Triton kernels, the compiled in-place CPU kernel, or the pure-PyTorch reference.
 
 ``backend="auto"`` compiles the Triton kernels on CUDA tensors; on the CPU it takes ``"compiled"``:
-decode attention read through the block tables in place by a loop nest that Numba compiles
-(:mod:`.compiled`, :mod:`.loop_nest`), prefill by torch's fused SDPA over each prompt's gathered pages, as
-``"torch"`` does. ``"torch"`` is the eager reference recipe (a padded gather, then attention), the
+decode and prefill attention read through the block tables in place by loop nests that Numba
+compiles (:mod:`.compiled`, :mod:`.loop_nest`). ``"torch"`` is the eager reference recipe (a padded gather, then attention), the
 oracle every kernel is tested against. ``backend="triton"`` on the CPU runs the
 very same kernel code through **Triton's interpreter**, which executes each program with NumPy:
 slow (milliseconds per loop iteration), but it lets a laptop run, test and step through GPU code.

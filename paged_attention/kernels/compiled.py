@@ -1,4 +1,4 @@
-"""The CPU fast path: decode attention that reads K and V through the block table, in place, compiled.
+"""The CPU fast path: attention that reads K and V through the block table, in place, compiled.
 
 The eager recipe (:mod:`.reference`) copies every page of every sequence into a padded
 ``[num_seqs, max_len, kv_heads, dim]`` tensor and then runs attention over the copy: the very copy
@@ -44,6 +44,14 @@ decoded with integer steps (:func:`.loop_nest.fp8_bits`) once per row and KV hea
 head of its group. Measured as above (16 sequences of 300 tokens, one thread, the cache in L3):
 bfloat16 0.50 ms, int8 0.55 ms, fp8 e4m3 0.97 ms (a 256-entry lookup table was 2.4 ms: its gathers do
 not vectorize). The int8 store runs block by block here too; fp8's store is the reference's.
+
+Prompts (and chunks of them after a cached prefix) are read in place too (:func:`paged_prefill`,
+:func:`.loop_nest.prefill`): per KV head, a tile of 16 query rows against 64 positions at a time,
+gathered through the block table into a transposed scratch tile, a GQA group sharing each load, the
+positions past the tile's last row never read. Measured (SmolLM2's heads, 16 prompts of 27-300
+tokens, block size 16, one thread): 23-24 ms in bfloat16 or float32, where torch's fused SDPA over
+the gathered pages (it computes the masked half as well) took 26-28 ms; 291 against 287 output
+tokens/s on the 64-request peer workload, eager, bfloat16 (two alternating runs each).
 
 Compilation: Numba compiles the kernel once per cache dtype (and :func:`decode_layer` once more
 per memory layout of its query, keys and values: contiguous or strided) on first use (about a second) and
