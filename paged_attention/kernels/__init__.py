@@ -2,10 +2,11 @@
 
 ``backend="auto"`` compiles the Triton kernels on CUDA tensors; on the CPU it takes ``"compiled"``:
 decode and prefill attention read through the block tables in place by loop nests that Numba
-compiles (:mod:`.compiled`, :mod:`.loop_nest`). ``"torch"`` is the eager reference recipe (a padded gather, then attention), the
-oracle every kernel is tested against. ``backend="triton"`` on the CPU runs the
-very same kernel code through **Triton's interpreter**, which executes each program with NumPy:
-slow (milliseconds per loop iteration), but it lets a laptop run, test and step through GPU code.
+compiles (:mod:`.compiled`, :mod:`.loop_nest`). ``"torch"`` is the eager reference recipe (a
+padded gather, then attention), the oracle every kernel is tested against. ``backend="triton"`` on
+the CPU runs the very same kernel code through **Triton's interpreter**, which executes each
+program with NumPy: slow (milliseconds per loop iteration), but it lets a laptop run, test and step
+through GPU code.
 
 Why importing ``paged_attention`` sets an environment variable: Triton decides whether a
 ``@triton.jit`` function is compiled or interpreted when the decorator runs, by reading
