@@ -9,6 +9,10 @@ Three measurements, side by side:
   the model's weight bytes divided by the memory bandwidth. The bandwidth is measured in the same
   run by streaming through a buffer far larger than the caches (:func:`memory_bandwidth`: reading
   it, the roof for reading weights; and copying it, counted once per byte copied);
+* **the products' floor**: the same step's matrix products alone, each linear layer (packed,
+  merged, or a row kernel's: what the engine multiplies with) timed by itself on ``batch`` rows
+  (:func:`products_seconds`). Past a few rows a step is bound by arithmetic, not by reading: no
+  step of this engine beats ``max(bound, products)``, the *floor* the table compares with;
 * **greedy agreement**: the same chat prompts answered greedily in each dtype, all in one batch:
   how many answers are token for token those of the first dtype (float32), and where the others
   first differ. bfloat16 keeps 8 bits of mantissa, so near-ties between two tokens can flip and the
@@ -28,6 +32,8 @@ from ..engine.chat import render_chat
 from ..engine.llm_engine import LLMEngine
 from ..engine.sample.sampling import RequestOutputKind, SamplingParams
 from ..models import explain_dtype, load_model
+from ..models.merged_projections import MergedMember
+from ..models.packed_linear import PackedLinear
 from .prompts import QUESTIONS
 
 BATCH_SIZES = (1, 16, 64)
@@ -120,6 +126,30 @@ def decode_step_seconds(engine: LLMEngine, prompts: Sequence[dict], steps: int, 
     return {"batch": batch, "step_s": step, "forward_s": forward_s, "tokens_per_s": batch / step}
 
 
+def products_seconds(model: torch.nn.Module, rows: int, repeats: int = 3) -> float:
+    """Seconds ``model``'s linear products take for ``rows`` rows each (a decode step of ``rows``
+    sequences), every layer timed as the engine calls it (a merged group once), best of
+    ``repeats`` passes over all of them."""
+    calls, groups = [], set()
+    for module in model.modules():
+        if isinstance(module, MergedMember) and module.group is not None:
+            if id(module.group) not in groups:
+                groups.add(id(module.group))
+                calls.append((module.group.product, module.in_features))
+        elif isinstance(module, PackedLinear | torch.nn.Linear):
+            calls.append((module.product if isinstance(module, PackedLinear) else module, module.in_features))
+    dtype = next(model.parameters()).dtype
+    inputs = [(call, torch.randn(rows, k).to(dtype)) for call, k in calls]
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for call, x in inputs:
+                call(x)
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
 def greedy_answers(engine: LLMEngine, prompts: Sequence[dict], max_tokens: int) -> list[list[int]]:
     """Every prompt answered greedily, all in one batch."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, output_kind=RequestOutputKind.FINAL_ONLY)
@@ -171,7 +201,8 @@ def compare(
         for batch in batch_sizes:
             row = decode_step_seconds(engine, chat_prompts(tokenizer, batch), steps)
             row |= {"dtype": dtype, "weight_bytes": sizes[dtype],
-                    "bound_s": sizes[dtype] / bandwidth["read"]}  # fmt: skip
+                    "bound_s": sizes[dtype] / bandwidth["read"],
+                    "products_s": products_seconds(engine.model, batch)}  # fmt: skip
             rows.append(row)
             progress(f"  {dtype}, {batch} sequences: {row['step_s'] * 1e3:.1f} ms per decode step")
         answers[dtype] = greedy_answers(engine, chat_prompts(tokenizer, num_prompts), max_tokens)
@@ -185,6 +216,11 @@ def compare(
         "steps": steps,
         "max_tokens": max_tokens,
     }
+
+
+def floor_seconds(row: dict) -> float:
+    """A step's floor: the larger of its weight-read bound and its products' time (0 if unmeasured)."""
+    return max(row["bound_s"], row.get("products_s", 0.0))
 
 
 def speedups(result: dict, reference: str = "float32") -> dict[str, dict[int, float]]:

@@ -23,7 +23,8 @@ def run(model: str | None, names: list[str], batch_sizes: list[int], threads: in
     )
     first = result["rows"][0]["dtype"]
     speed = dtypes.speedups(result, first)
-    header = ("dtype", "seqs", "ms/step", "tok/s", f"vs {first}", "bound ms", "step/bound")
+    header = ("dtype", "seqs", "ms/step", "tok/s", f"vs {first}", "bound ms", "prod. ms")
+    header += ("step/bound", "step/floor")
     print("\n" + " ".join(f"{h:>10}" for h in header))
     for r in result["rows"]:
         cells = (
@@ -33,7 +34,9 @@ def run(model: str | None, names: list[str], batch_sizes: list[int], threads: in
             f"{r['tokens_per_s']:.1f}",
             f"{speed[r['dtype']][r['batch']]:.2f}x",
             f"{r['bound_s'] * 1e3:.1f}",
+            f"{r['products_s'] * 1e3:.1f}",
             f"{r['step_s'] / r['bound_s']:.2f}x",
+            f"{r['step_s'] / dtypes.floor_seconds(r):.2f}x",
         )
         print(" ".join(f"{c:>10}" for c in cells))
     print(f"\ngreedy answers ({result['max_tokens']} tokens, all prompts in one batch) against {first}:")
