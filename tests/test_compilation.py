@@ -6,6 +6,7 @@ steps stay transactions."""
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import torch
 from paged_attention import LLM, SamplingParams
 from paged_attention.engine.llm_engine import LLMEngine
 from paged_attention.engine.worker import model_runner
+from paged_attention.experiments import fusion
 from paged_attention.models import compilation
 from paged_attention.models.compilation import CompilationConfig
 
@@ -77,13 +79,33 @@ def test_without_a_cpp_compiler_compiling_is_refused_clearly(monkeypatch):
 
 
 @functools.cache
+def compiled_and_code() -> tuple[LLM, str]:
+    """One compiled tiny engine (float32) for the tests below, and the code inductor wrote for it:
+    compiling costs ~15 s."""
+    return fusion.compile_and_read(
+        lambda: LLM(num_kv_blocks=64, block_size=4, max_num_batched_tokens=16, compilation_config=3)
+    )
+
+
 def compiled_llm() -> LLM:
-    """One compiled tiny engine (float32) for the tests below: compiling costs ~15 s."""
-    return LLM(num_kv_blocks=64, block_size=4, max_num_batched_tokens=16, compilation_config=3)
+    return compiled_and_code()[0]
 
 
 def graphs() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+@needs_compiler
+def test_the_compiled_graph_calls_one_opaque_product_per_merged_group_and_layer():
+    """Q/K/V merged, gate/up merged, o_proj, down_proj: four calls of the engine's opaque product per
+    layer (a merged group's members share theirs), no product left to inductor (the output layer
+    runs outside the graph, on the rows that are sampled)."""
+    llm, code = compiled_and_code()
+    layers = llm.llm_engine.model.config.num_hidden_layers
+    multiplies = re.findall(r"^\s*\w+ = torch\.ops\.paged_attention_linear\.multiply\.", code, re.MULTILINE)
+    assert len(multiplies) == 4 * layers
+    assert fusion.compiled_calls(code)["matrix products"] == len(multiplies)
+    assert fusion.compiled_calls(code)["attention"] == layers
 
 
 @needs_compiler

@@ -85,17 +85,23 @@ def test_the_exp_is_accurate_over_its_whole_range():
     assert exp(np.float32(-1e30)) < 1e-37 and exp(np.float32(1e30)) > 1e38  # clamped, finite
 
 
-def test_engine_decode_rows_inside_a_mixed_step_use_the_compiled_kernel():
-    """paged_prefill with the compiled backend: decode rows by the in-place decode kernel, prompts by
-    the in-place prefill loop nest."""
+def test_engine_decode_rows_inside_a_mixed_step_use_the_compiled_kernel(monkeypatch):
+    """paged_prefill with the compiled backend: decode rows (a decoding sequence, one verifying a few
+    drafts) by the in-place decode kernel, the prompt by the in-place prefill loop nest."""
     case = make_paged_case([1 + 8, 13, 30], 8, 2, 32, torch.float32)
     q_lens = [1, 13, 5]
     query = torch.randn(sum(q_lens), 8, 32)
     loc = query_start_loc(q_lens)
     args = (query, case.key_cache, case.value_cache, case.block_tables, case.seq_lens, loc)
-    torch.testing.assert_close(
-        kernels.paged_prefill(*args, backend="compiled"), reference.paged_prefill(*args), atol=2e-5, rtol=1e-5
+    decoded, prefilled = [], []
+    decode, prefill = compiled.paged_decode, compiled.paged_prefill
+    monkeypatch.setattr(
+        compiled, "paged_decode", lambda q, *a, **k: decoded.append(len(q)) or decode(q, *a, **k)
     )
+    monkeypatch.setattr(compiled, "paged_prefill", lambda *a: prefilled.append(a[6]) or prefill(*a))
+    out = kernels.paged_prefill(*args, backend="compiled")
+    assert decoded == [1 + 5] and prefilled == [[1]]
+    torch.testing.assert_close(out, reference.paged_prefill(*args), atol=2e-5, rtol=1e-5)
 
 
 PREFILL_SHAPES = [((8, 8), 64, 16), ((9, 3), 64, 5), ((16, 1), 80, 1), ((8, 2), 6, 128), ((4, 2), 33, 16)]
@@ -125,7 +131,7 @@ def test_compiled_prefill_reads_the_pages_in_place_and_matches_reference_and_sdp
     out = kernels.paged_prefill(*args, backend="compiled")
     assert calls == [list(range(len(q_lens)))] and torch.isfinite(out).all()
     monkeypatch.undo()
-    torch.testing.assert_close(out, reference.paged_prefill(*args), **TOLERANCE[dtype])
+    torch.testing.assert_close(out, reference.paged_prefill(*args, compute=torch.float64), **TOLERANCE[dtype])
     if dtype == torch.float32:
         for i, (k, v) in enumerate(zip(case.keys, case.values, strict=True)):
             rows = slice(int(loc[i]), int(loc[i + 1]))
@@ -242,7 +248,7 @@ def test_draft_verification_rows_take_the_kernel_and_match_the_reference(dtype, 
     out = kernels.paged_prefill(*args, backend="compiled")
     assert rows == [sum(n for n in q_lens if n <= longest)]  # one batched call, a row per token
     assert torch.isfinite(out).all()
-    torch.testing.assert_close(out, reference.paged_prefill(*args), **TOLERANCE[dtype])
+    torch.testing.assert_close(out, reference.paged_prefill(*args, compute=torch.float64), **TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

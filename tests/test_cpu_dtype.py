@@ -257,3 +257,21 @@ def test_the_decode_timer_refuses_a_batch_that_cannot_decode_together_and_cleans
     assert small.cache_manager.num_free_blocks == small.cache_manager.num_blocks
     row = decode_step_seconds(LLMEngine(num_kv_blocks=64), prompts, steps=3)
     assert row["batch"] == 3 and row["step_s"] > 0 and row["tokens_per_s"] == pytest.approx(3 / row["step_s"])
+
+
+def test_the_products_timer_calls_every_product_the_engine_calls_once_a_pass(monkeypatch):
+    """A merged group once (not once per member), every other layer once, ``repeats`` passes; the
+    floor of a step is the larger of the weight-read bound and the products."""
+    from paged_attention.experiments.dtypes import floor_seconds, products_seconds
+    from paged_attention.models.merged_projections import MergedProduct
+
+    engine = LLMEngine(num_kv_blocks=16)
+    layers = engine.model.config.num_hidden_layers
+    rows: list[int] = []
+    for kind in (MergedProduct, PackedLinear):
+        original = kind.product
+        monkeypatch.setattr(kind, "product", lambda self, x, f=original: rows.append(len(x)) or f(self, x))
+    seconds = products_seconds(engine.model, rows=3, repeats=2)
+    assert seconds > 0 and rows == [3] * 2 * (4 * layers + 1)  # Q/K/V, o, gate/up, down; the output layer
+    assert floor_seconds({"bound_s": 0.5, "products_s": 0.75}) == 0.75
+    assert floor_seconds({"bound_s": 0.5}) == 0.5  # a row measured before products were

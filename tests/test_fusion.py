@@ -21,12 +21,13 @@ class Runner:
         cpp_fused_silu_1(buf2, buf3)
         cpp_fused_add_mul_0(buf3, buf4)
         extern_kernels.mm(buf4, _frozen_param1, out=buf5)
+        buf6 = torch.ops.paged_attention_linear.multiply.default(buf5, 3, 24)
 '''
 
 
 def test_compiled_calls_counts_each_kind_once_per_call_not_per_mention():
     calls = fusion.compiled_calls(GENERATED)
-    assert calls == {"fused loops": 3, "matrix products": 2, "attention": 1}
+    assert calls == {"fused loops": 3, "matrix products": 3, "attention": 1}
     assert fusion.fused_loops(GENERATED) == ["cpp_fused_add_mul_0", "cpp_fused_silu_1"]
 
 

@@ -132,3 +132,26 @@ def test_a_merged_model_moved_to_another_dtype_follows():
         torch.testing.assert_close(q(x), F.linear(x, q.weight), rtol=1e-5, atol=1e-5)
     assert q.group.weight.dtype == torch.float32
     assert (q.group.packed is not None) == packing_available()
+
+
+def test_a_copied_group_multiplies_its_own_weights_when_a_compiled_graph_calls_it(monkeypatch):
+    """A compiled graph names a group by its handle (``models.opaque``): a copy of a merged model
+    (possible where nothing is packed) gets handles of its own, never the original's product."""
+    from paged_attention.models import opaque
+
+    monkeypatch.setattr(merged_projections, "packing_available", lambda: False)
+    model = small_model()
+    merge_projections(model)
+    copied = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in copied.parameters():
+            p.mul_(2.0)
+    group = model.model.layers[0].self_attn.q_proj.group
+    twin = copied.model.layers[0].self_attn.q_proj.group
+    assert group.handle != twin.handle
+    x = torch.randn(3, group.weight.shape[1])
+    with torch.inference_mode():
+        out = sum(group.sizes)
+        assert agrees(opaque.multiply(x, group.handle, out), F.linear(x, group.weight, group.bias))
+        assert agrees(opaque.multiply(x, twin.handle, out), F.linear(x, twin.weight, twin.bias))
+        assert not torch.allclose(twin.weight, group.weight)

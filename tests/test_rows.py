@@ -70,7 +70,11 @@ def test_without_numba_the_norm_is_transformers_own_to_the_bit(monkeypatch) -> N
     assert rows.replace_norms(torch.nn.Sequential(_norm(torch.bfloat16))) == 0
 
 
-def test_the_engine_fuses_bfloat16_norms_only_and_still_generates_the_same_tokens() -> None:
+def test_the_engine_fuses_bfloat16_norms_only_and_still_generates_the_same_tokens(monkeypatch) -> None:
+    """The compiled backend's bfloat16 engine with fused norms writes the tokens of the same engine
+    with transformers' norms (the attention the same: the fused norms alone differ)."""
+    from paged_attention.engine.worker import model_runner
+
     prompts = [[5, 6, 7, 5, 6, 7], [9, 1, 1, 2, 3, 4, 4]]
     greedy = SamplingParams(temperature=0, max_tokens=12)
     float32 = LLM(num_kv_blocks=32, block_size=4)
@@ -80,7 +84,8 @@ def test_the_engine_fuses_bfloat16_norms_only_and_still_generates_the_same_token
     fused = LLM(model, num_kv_blocks=32, block_size=4, attention_backend="compiled")
     assert fused.llm_engine.runner.num_fused_norms == 2 * layers + 1
     eager_model = LLM(num_kv_blocks=8, block_size=4).llm_engine.model.to(torch.bfloat16)
-    eager = LLM(eager_model, num_kv_blocks=32, block_size=4, attention_backend="torch")
+    monkeypatch.setattr(model_runner, "replace_norms", lambda model: 0)
+    eager = LLM(eager_model, num_kv_blocks=32, block_size=4, attention_backend="compiled")
     assert eager.llm_engine.runner.num_fused_norms == 0
     fused_out, eager_out = (llm.generate(prompts, greedy, use_tqdm=False) for llm in (fused, eager))
     assert [o.outputs[0].token_ids for o in fused_out] == [o.outputs[0].token_ids for o in eager_out]
@@ -184,3 +189,24 @@ def test_a_loop_file_is_stamped_when_the_helpers_it_imports_are_newer(tmp_path) 
     assert stamp(target, dependency) and target.stat().st_mtime > 2_000
     assert not stamp(target, dependency)  # now newer: left alone
     assert not stamp(tmp_path / "missing.py", dependency)
+
+
+def test_every_loop_file_using_loop_nests_helpers_stamps_itself_on_import() -> None:
+    """The files whose compiled loops call :mod:`.loop_nest`'s helpers call ``stamp(Path(__file__))``
+    at import (a top-level statement), so an edited helper is compiled into them too."""
+    import ast
+    from pathlib import Path
+
+    import paged_attention.kernels as package
+
+    users = []
+    for path in sorted(Path(package.__file__).parent.glob("loop_*.py")):
+        tree = ast.parse(path.read_text())
+        imports = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "loop_nest"]
+        if path.name == "loop_nest.py" or not imports:
+            continue
+        users.append(path.name)
+        calls = [n.value for n in tree.body if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)]
+        calls = [c for c in calls if getattr(c.func, "id", "") == "stamp"]
+        assert [ast.unparse(c) for c in calls] == ["stamp(Path(__file__))"], path.name
+    assert users == ["loop_int8.py", "loop_rows.py"]

@@ -21,10 +21,11 @@ values are swept, the next block's keys. :func:`decode_layer` runs the K/V store
 one call, on NumPy views of every layer's caches made once per step (:class:`DecodeStep`): a decode
 step of one sequence then costs ~40 us a layer instead of ~60.
 
-No gathered copy is ever made; the only scratch is one block's scores. Positions at or past
-``seq_lens[s]`` are never read, so a cache holding NaN or garbage outside the sequences cannot leak
-into the result. The contract is :func:`.reference.paged_decode`'s: float32 arithmetic whatever the
-cache dtype, the result cast back to the query's dtype.
+No gathered copy is ever made; decode's only scratch is one block's scores (prefill's: one tile of
+keys, values and scores). Positions at or past ``seq_lens[s]`` are never read, so a cache holding
+NaN or garbage outside the sequences cannot leak into the result. The contract is
+:func:`.reference.paged_decode`'s: float32 arithmetic whatever the cache dtype, the result cast back
+to the query's dtype.
 
 Why Numba, measured (SmolLM2's shapes: 9 query heads over 3 KV heads of 64, block size 16;
 64 sequences of 100-430 tokens, bfloat16, one thread, this project's 2-core machine; the kernel is
@@ -53,13 +54,13 @@ tokens, block size 16, one thread): 23-24 ms in bfloat16 or float32, where torch
 the gathered pages (it computes the masked half as well) took 26-28 ms; 291 against 287 output
 tokens/s on the 64-request peer workload, eager, bfloat16 (two alternating runs each).
 
-Compilation: Numba compiles the kernel once per cache dtype (and :func:`decode_layer` once more
-per memory layout of its query, keys and values: contiguous or strided) on first use (about a second) and
-caches the machine code on disk (next to this file, or in Numba's user cache when that is not
-writable), so later processes load it in milliseconds. Where Numba is missing or compiling fails,
-the first call says so once with a warning and every call falls back to the eager recipe, which
-gives the same numbers up to rounding. float16 caches and float64 (the tests' oracle dtype) take
-the eager recipe.
+Compilation: Numba compiles each loop once per signature it meets (the cache's dtype; for
+:func:`decode_layer` also the memory layout of its query, keys and values: contiguous or strided) on
+first use (about a second a signature) and caches the machine code on disk (next to this file, or
+in Numba's user cache when that is not writable), so later processes load it in milliseconds.
+Where Numba is missing or compiling fails, the first call says so once with a warning and every
+call falls back to the eager recipe, which gives the same numbers up to rounding. float16 caches
+and float64 (the tests' oracle dtype) take the eager recipe.
 """
 
 from __future__ import annotations

@@ -279,7 +279,7 @@ def prefill(
     best = np.empty((TILE_ROWS, group), np.float32)
     total = np.empty((TILE_ROWS, group), np.float32)
     scores = np.empty((TILE_ROWS, group, TILE_KEYS), np.float32)
-    keys = np.zeros((head_dim, TILE_KEYS), np.float32)  # lanes past a tile's end: finite, unused
+    keys = np.zeros((head_dim, TILE_KEYS), np.float32)  # lanes past a tile's end: scored, weight 0
     values = np.zeros((TILE_KEYS, head_dim), np.float32)
     for s in seqs:
         first, n = starts[s], starts[s + 1] - starts[s]
@@ -306,6 +306,9 @@ def prefill(
                         v = row_of(value_cache[block, offset, h], fp8, wide)
                         for d in range(head_dim):
                             values[t, d] = widen(v[d]) * v_scales[block, h]
+                    for t in range(count, (count + 3) // 4 * 4):  # the value pass reads lanes in
+                        for d in range(head_dim):  # fours: the last four's unused lanes hold zeros
+                            values[t, d] = 0.0
                     scores[:] = 0.0
                     for d in range(0, head_dim, 4):  # scores: a run of lanes per row and head,
                         for r in range(rows):  # four dimensions a pass (a quarter of the stores)
@@ -340,8 +343,8 @@ def prefill(
                             total[r, g] = total[r, g] * rescale + subtotal
                             for d in range(head_dim):
                                 acc[r, g, d] *= rescale
-                    for t in range(0, count, 4):  # values, weighted by each row's softmax (0:
-                        for r in range(rows):  # unseen; lanes past count hold finite stale rows)
+                    for t in range(0, count, 4):  # values, weighted by each row's softmax
+                        for r in range(rows):  # (weight 0: a position the row may not see)
                             for g in range(group):
                                 p = scores[r, g]
                                 p0, p1, p2, p3 = p[t], p[t + 1], p[t + 2], p[t + 3]

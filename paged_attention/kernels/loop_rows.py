@@ -5,7 +5,7 @@ All arguments are NumPy arrays; bfloat16 arrives as its raw 16 bits (``uint16``)
 * ``linear_rows(x, weight, bias, out)``: ``x[M, K] @ weight[N, K].T + bias[N]`` for a few rows
   (``bias`` of length 0: none), float32 sums, each weight row read once: a matrix-vector product
   that streams the weights at the memory's pace.
-* ``tiled_product(x, tiles, block, bias, out)``: the same product in float32 from
+* ``tiled_rows(x, tiles, block, bias, out)``: the same product in float32 from
   ``tiles[ceil(N / T), K, T]``, summed in oneDNN's order (:mod:`.tiled` says which).
 * ``rms_norm(x, weight, eps, out)``: ``x[T, D]``, ``weight[D]``, ``out[T, D]`` of one kind. The
   arithmetic and roundings of transformers' ``LlamaRMSNorm``: the row widened to float32,
@@ -51,7 +51,7 @@ def linear_rows(x, weight, bias, out):  # pragma: no cover - compiled
 
 
 @njit(fastmath={"contract"}, cache=True, boundscheck=False, nogil=True, error_model="numpy")
-def tiled_product(x, tiles, block, bias, out):  # pragma: no cover - compiled
+def tiled_rows(x, tiles, block, bias, out):  # pragma: no cover - compiled
     """``out = x @ weight.T + bias`` (float32) from ``tiles[ceil(N / T), K, T]``: per output, fused
     multiply-adds in the order of ``k`` from zero within each block of ``block``, the blocks' sums
     added in order, then the bias (oneDNN's order: contraction is the only liberty taken)."""

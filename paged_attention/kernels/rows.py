@@ -18,6 +18,8 @@ rounding, its sums in another order than oneDNN's).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -117,7 +119,9 @@ class Streamed:
     """:func:`linear_rows` as a row kernel of :mod:`..models.packed_linear`: for a contiguous
     bfloat16 weight it keeps the weight itself (nothing to prepare)."""
 
-    def prepare(self, weight: Tensor, bias: Tensor | None, product: object) -> Tensor | None:
+    def prepare(
+        self, weight: Tensor, bias: Tensor | None, product: Callable[[Tensor], Tensor]
+    ) -> Tensor | None:
         del bias, product  # (no check: the loop is within one rounding of the product, not its bits)
         usable = weight.dtype == torch.bfloat16 and weight.dim() == 2 and weight.is_contiguous()
         return weight if usable else None

@@ -88,7 +88,7 @@ def tiled_product(x: torch.Tensor, tiles: Tiles, bias: torch.Tensor | None) -> t
     flat = x.detach().reshape(rows, k).contiguous()
     out = flat.new_empty(rows, tiles.out_features)
     try:
-        from .loop_rows import tiled_product as loop  # imported late: importing Numba costs half a second
+        from .loop_rows import tiled_rows as loop  # imported late: importing Numba costs half a second
 
         added = bias.detach().contiguous() if bias is not None else flat.new_empty(0)
         loop(flat.numpy(), tiles.tiles.numpy(), tiles.block, added.numpy(), out.numpy())
@@ -103,25 +103,39 @@ def tile_like(
 ) -> Tiles | None:
     """``weight`` tiled with the first block of :data:`BLOCKS` for which :func:`tiled_product` gives
     ``product(x)`` (the product to stand in for, of many rows) bit for bit on probe rows, for every
-    row count it takes; ``None`` if none does, or the weight cannot be tiled."""
+    row count it takes; ``None`` if none does, or the weight cannot be tiled. The match is found at
+    the thread count in force (oneDNN may split the sums another way at another), on at least
+    :data:`PROBED` values: a narrow weight (oneDNN multiplies a single column another way, which a
+    few rows may not show) is probed with more rows."""
     if weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu":
         return None
     if not compiled.available():
         return None
-    generator = torch.Generator().manual_seed(0)
-    probe = torch.randn(16, weight.shape[1], generator=generator)
+    rows = min(PROBED, max(16, -(-PROBED // weight.shape[0])))
+    probe = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         expected = product(probe)
         laid = tile(weight, BLOCKS[0])
         for block in BLOCKS if weight.shape[1] > min(BLOCKS) else BLOCKS[:1]:
             tiles = Tiles(laid.tiles, laid.out_features, block)
-            if all(_equal(tiled_product(probe[:r], tiles, bias), expected[:r]) for r in range(1, ROWS + 1)):
+            if all(_agrees(probe, expected, tiles, bias, r) for r in range(1, ROWS + 1)):
                 return tiles
     return None
 
 
-def _equal(got: torch.Tensor | None, expected: torch.Tensor) -> bool:
-    return got is not None and torch.equal(got, expected)
+#: The fewest output values :func:`tile_like` compares for each row count.
+PROBED = 4096
+
+
+def _agrees(
+    probe: torch.Tensor, expected: torch.Tensor, tiles: Tiles, bias: torch.Tensor | None, rows: int
+) -> bool:
+    """Every ``rows`` rows of ``probe`` multiplied from ``tiles`` are ``expected``'s, bit for bit."""
+    for start in range(0, probe.shape[0] - rows + 1, rows):
+        got = tiled_product(probe[start : start + rows], tiles, bias)
+        if got is None or not torch.equal(got, expected[start : start + rows]):
+            return False
+    return True
 
 
 class Tiled:

@@ -62,6 +62,10 @@ class MergedProduct:
         self.rebuild()
         self.handle = opaque.register(self)  # what a compiled graph calls (see .opaque)
 
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self.handle = opaque.register(self)  # a copy is another group: a handle of its own
+
     def _state(self) -> tuple[object, ...]:
         """What identifies the members' values: each parameter, its storage and its version."""
         params = [p for layer in self.layers for p in (layer.weight, layer.bias) if p is not None]

@@ -116,13 +116,21 @@ class PackedLinear(torch.nn.Linear):
         self.prepared = prepare_rows(self.rows, self.weight, self.packed, self.bias)  # what rows keeps
         self.packed_state = self._state()
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.handle = opaque.register(self)  # a copy is another layer: a handle of its own
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():  # traced: one opaque call, this layer's product at run time
-            return opaque.multiply(x, self.handle, self.out_features)
-        return invariant.product(self.product, x)  # in fixed row chunks in batch-invariant mode
+        if torch.compiler.is_compiling() and not torch.is_grad_enabled():  # traced: one opaque call,
+            return opaque.multiply(x, self.handle, self.out_features)  # this layer's product at run time
+        return self.product(x)
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
-        """``F.linear(x, weight, bias)``: the row kernel's where it applies, else the packed product."""
+        """``F.linear(x, weight, bias)`` (in fixed row chunks in batch-invariant mode): the row
+        kernel's where it applies, else the packed product."""
+        return invariant.product(self._multiply, x)
+
+    def _multiply(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
         if torch.is_grad_enabled() or x.dtype not in PACKED_DTYPES or weight.dtype != x.dtype:
             return F.linear(x, weight, self.bias)
@@ -145,20 +153,16 @@ class PackedLinear(torch.nn.Linear):
         return linear
 
 
-def pack_linear_layers(
-    model: torch.nn.Module, skip: torch.nn.Module | None = None, rows: RowKernel | None = None
-) -> int:
-    """Replace every CPU ``nn.Linear`` of :data:`PACKED_DTYPES` in ``model`` (outside ``skip``, a
-    submodule left as it is) by a :class:`PackedLinear` (trying ``rows`` first on each product), in
-    place, after checking on the first one that the packed product agrees with ``F.linear``.
-    Returns how many were packed (0 where packing is unavailable or does not agree)."""
+def pack_linear_layers(model: torch.nn.Module, rows: RowKernel | None = None) -> int:
+    """Replace every CPU ``nn.Linear`` of :data:`PACKED_DTYPES` in ``model`` by a :class:`PackedLinear`
+    (trying ``rows`` first on each product), in place, after checking on the first one that the
+    packed product agrees with ``F.linear``. Returns how many were packed (0 where packing is
+    unavailable or does not agree)."""
     if not packing_available():
         return 0
-    skipped = {id(m) for m in skip.modules()} if skip is not None else set()
     targets = [
         (parent, name, child)
         for parent in model.modules()
-        if id(parent) not in skipped
         for name, child in parent.named_children()
         if type(child) is torch.nn.Linear
         and child.weight.dtype in PACKED_DTYPES
