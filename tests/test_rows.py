@@ -17,6 +17,8 @@ from paged_attention import LLM, SamplingParams
 from paged_attention.engine.sample.sampling import Sampler
 from paged_attention.kernels import compiled, rows
 
+from .test_tuning import measured_as
+
 
 @settings(max_examples=60, deadline=None)
 @given(
@@ -149,6 +151,7 @@ def test_the_engine_streams_the_weights_of_one_row_products_and_generates_the_sa
     from paged_attention.models.merged_projections import MergedMember
 
     params = SamplingParams(temperature=0, max_tokens=12)
+    measured_as(monkeypatch, {1: 2.0, 2: 2.0, 3: 2.0, 4: 2.0})  # (where this machine measured it faster)
     llm = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4, attention_backend="compiled")
     calls = []
     original = rows.linear_rows
@@ -162,7 +165,8 @@ def test_the_engine_streams_the_weights_of_one_row_products_and_generates_the_sa
     layers = [m for m in model.modules() if isinstance(m, packed_linear.PackedLinear)]
     groups = {id(m.group): m.group for m in model.modules() if isinstance(m, MergedMember) and m.group}
     owners = [*layers, *groups.values()]
-    assert layers and all(o.rows is rows.STREAMED for o in owners)
+    assert layers and all(isinstance(o.rows, rows.Streamed) for o in owners)
+    assert all(o.rows.rows == rows.LINEAR_ROWS for o in owners)
     assert all(o.prepared.data_ptr() == o.weight.data_ptr() for o in owners)  # the weight itself
     monkeypatch.setattr(rows, "linear_rows", counted)
     prompt = [{"prompt_token_ids": [5, 6, 7, 8, 9]}]

@@ -89,8 +89,9 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     thread, this project's 2-core AMD EPYC: 18.3 GB/s here against 12.2 GB/s; in float32 the same
     loop reached 18.9 against 14.9, but float32 stays oneDNN's, because a float32 model promises the
     same greedy tokens whatever the batch, with or without speculative drafts, and this loop sums
-    in another order). float32 sums, rounded once (results may differ from oneDNN's by one
-    rounding). ``None`` where it does not apply (more rows, another dtype or device, shapes that do
+    in another order; on a 2-core Xeon with AMX oneDNN was the faster, 1.2-1.9x: the engine measures
+    which, ``engine.worker.tuning``). float32 sums, rounded once (results may differ from oneDNN's by
+    one rounding). ``None`` where it does not apply (more rows, another dtype or device, shapes that do
     not match, autograd, Numba unavailable): the caller multiplies as before."""
     rows = x.numel() // max(1, x.shape[-1])
     if rows > LINEAR_ROWS or rows == 0 or x.dtype != torch.bfloat16 or torch.is_grad_enabled():
@@ -117,7 +118,11 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 class Streamed:
     """:func:`linear_rows` as a row kernel of :mod:`..models.packed_linear`: for a contiguous
-    bfloat16 weight it keeps the weight itself (nothing to prepare)."""
+    bfloat16 weight it keeps the weight itself (nothing to prepare). It takes products of up to
+    ``rows`` rows (at most :data:`LINEAR_ROWS`; an engine lowers it where oneDNN measures faster)."""
+
+    def __init__(self, rows: int = LINEAR_ROWS) -> None:
+        self.rows = rows
 
     def prepare(
         self, weight: Tensor, bias: Tensor | None, product: Callable[[Tensor], Tensor]
@@ -127,10 +132,12 @@ class Streamed:
         return weight if usable else None
 
     def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+        if x.numel() > self.rows * x.shape[-1]:
+            return None
         return linear_rows(x, weight, bias)
 
 
-#: The bfloat16 row kernel the engine gives its packed and merged layers.
+#: A bfloat16 row kernel taking all it can (an engine makes its own, to lower its rows).
 STREAMED = Streamed()
 
 

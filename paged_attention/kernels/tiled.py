@@ -6,7 +6,8 @@ is read once and used once, so the step is bound by reading them. oneDNN's packe
 (one thread, this project's 2-core AMD EPYC); this loop at ~25 GB/s at one row, ~23 at two; at
 three both read ~16.5 GB/s, and from four rows on oneDNN is faster (the products become
 compute-bound and it keeps its sums in registers), so :func:`tiled_product` takes at most
-:data:`ROWS` rows.
+:data:`ROWS` rows. On a 2-core Xeon with AMX oneDNN was the faster at one row too (~12 GB/s against
+~10): the engine measures which is faster on its machine (``engine.worker.tuning``).
 
 The order of the sums is oneDNN's, so a row's result is the one the packed product gives it in a
 step of many rows, bit for bit. Measured on torch 2.13's oneDNN (``tests/test_tiled.py`` keeps it
@@ -140,7 +141,12 @@ def _agrees(
 
 class Tiled:
     """:func:`tiled_product` as a row kernel of :mod:`..models.packed_linear`: for a float32 weight
-    it keeps the weight's :class:`Tiles` (:func:`tile_like` the product it stands in for)."""
+    it keeps the weight's :class:`Tiles` (:func:`tile_like` the product it stands in for). It takes
+    products of up to ``rows`` rows (at most :data:`ROWS`; an engine lowers it where oneDNN
+    measures faster)."""
+
+    def __init__(self, rows: int = ROWS) -> None:
+        self.rows = rows
 
     def prepare(
         self, weight: torch.Tensor, bias: torch.Tensor | None, product: Callable[[torch.Tensor], torch.Tensor]
@@ -148,8 +154,10 @@ class Tiled:
         return tile_like(weight, bias, product)
 
     def __call__(self, x: torch.Tensor, tiles: Tiles, bias: torch.Tensor | None) -> torch.Tensor | None:
+        if x.numel() > self.rows * x.shape[-1]:
+            return None
         return tiled_product(x, tiles, bias)
 
 
-#: The float32 row kernel the engine gives its packed and merged layers.
+#: A float32 row kernel taking all it can (an engine makes its own, to lower its rows).
 TILED = Tiled()

@@ -20,29 +20,24 @@ well where that is faster (3 fewer mantissa bits, a wider range; a CPU rarely co
 natively), as vLLM's CPU backend does.
 
 The decision is cached, in this process and on disk (``cpu-dtype.json`` in the package's cache
-folder; delete it to measure again), under this processor's name and flags, torch's version, the
-thread count, the shapes, the probe's version and ``ONEDNN_MAX_CPU_ISA`` (which caps the
-instructions oneDNN may use, e.g. ``AVX2`` forces a slow, emulated bfloat16): the same machine makes
-the same choice every run. A close call is not stored: the next process measures it again.
+folder, :mod:`.machine_cache`; delete it to measure again), under this processor's name and flags,
+torch's version, the thread count, the shapes, the probe's version and ``ONEDNN_MAX_CPU_ISA`` (which
+caps the instructions oneDNN may use, e.g. ``AVX2`` forces a slow, emulated bfloat16): the same
+machine makes the same choice every run. A close call is not stored: the next process measures it again.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import os
 import platform
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from .embedded import cache_dir
+from . import machine_cache
+from .machine_cache import machine_key
 from .packed_linear import pack_weight, packed_product, packing_available
 
 MARGIN = 1.1  #: bfloat16 must be this many times faster than float32 at every probed row count
@@ -50,6 +45,7 @@ PROBE_ROWS = (1, 16)  #: one sequence decoding, and a typical continuous batch
 PROBE_BYTES = 32 << 20  #: float32 weight bytes the probe multiplies by, over several weights
 PROBE_VERSION = 1  #: part of the cache key: a change to the probe measures again
 SMALL_MODEL_BYTES = 64 << 20  #: float32 weights up to this size stay float32 under ``auto``
+CACHE_NAME = "cpu-dtype"  #: the file of :mod:`.machine_cache` the choices are kept in
 Measure = Callable[[int, int], dict[int, float]]
 
 
@@ -189,49 +185,16 @@ def _shapes(config: object) -> tuple[int, int]:
 
 
 def _key(hidden: int, intermediate: int) -> str:
-    cpu = f"{platform.machine()} {platform.processor()}"
-    try:
-        with open("/proc/cpuinfo") as info:
-            lines = [ln for ln in info if ln.startswith(("model name", "flags", "Features"))][:2]
-        cpu += "".join(lines)
-    except OSError:
-        pass
-    digest = hashlib.sha256(cpu.encode()).hexdigest()[:16]
-    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
-    return (
-        f"{digest}|torch {torch.__version__}|{torch.get_num_threads()} threads|{hidden}x{intermediate}"
-        f"|probe {PROBE_VERSION}|{isa}"
-    )
-
-
-def _cache_file() -> Path:
-    return cache_dir() / "cpu-dtype.json"
+    return machine_key(f"{hidden}x{intermediate}", f"probe {PROBE_VERSION}")
 
 
 def _load(key: str) -> dict[int, float] | None:
+    entry = machine_cache.load(CACHE_NAME, key)
     try:
-        entry = json.loads(_cache_file().read_text()).get(key)
         return {int(r): float(s) for r, s in entry.items()} if entry else None
-    except (OSError, ValueError, AttributeError, TypeError):  # missing, damaged or foreign: measure
+    except (ValueError, AttributeError, TypeError):  # damaged or foreign: measure
         return None
 
 
 def _store(key: str, speedups: dict[int, float]) -> None:
-    """Add ``key`` to the cache file (written whole to a temporary file, then renamed into place;
-    two processes writing at once may lose one's entry, which is then measured again)."""
-    path = _cache_file()
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if not isinstance(known, dict):
-        known = {}
-    known[key] = speedups
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".cpu-dtype-", delete=False) as out:
-            json.dump(known, out, indent=1)
-        os.replace(out.name, path)
-    except OSError:  # a read-only cache folder: the choice is still cached in this process
-        with contextlib.suppress(OSError, UnboundLocalError):
-            os.unlink(out.name)
+    machine_cache.store(CACHE_NAME, key, speedups)

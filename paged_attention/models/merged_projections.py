@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from . import invariant, opaque
 from .packed_linear import (
     PACKED_DTYPES,
+    PackedLinear,
     RowKernel,
     pack_weight,
     packed_product,
@@ -234,3 +235,16 @@ def _agrees(linears: list[torch.nn.Linear]) -> bool:
                 if not torch.equal(piece, product(probe, layer.weight, layer.bias)):
                     return False
     return True
+
+
+def product_owners(model: torch.nn.Module) -> list[PackedLinear | MergedProduct]:
+    """What multiplies in ``model``, each once, as the engine calls it: every packed layer and every
+    merged group (not its members); each has ``product(x)``, ``weight`` (``[out, in]``), ``rows`` (its
+    row kernel) and ``prepared`` (what that kernel keeps, ``None``: none)."""
+    owners: dict[int, PackedLinear | MergedProduct] = {}
+    for module in model.modules():
+        if isinstance(module, MergedMember) and module.group is not None:
+            owners.setdefault(id(module.group), module.group)
+        elif isinstance(module, PackedLinear):
+            owners.setdefault(id(module), module)
+    return list(owners.values())

@@ -46,7 +46,7 @@ PACKED_DTYPES = (torch.bfloat16, torch.float32)
 
 class RowKernel(Protocol):
     """Products of a few rows another way than the packed product (the engine passes
-    :data:`..kernels.rows.STREAMED` for bfloat16, :data:`..kernels.tiled.TILED` for float32)."""
+    a :class:`..kernels.rows.Streamed` for bfloat16, a :class:`..kernels.tiled.Tiled` for float32)."""
 
     def prepare(
         self, weight: torch.Tensor, bias: torch.Tensor | None, product: Callable[[torch.Tensor], torch.Tensor]

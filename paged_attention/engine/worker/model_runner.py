@@ -41,14 +41,15 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from ... import kernels
 from ...kernels import reference
 from ...kernels.layout import pad_block_ids
-from ...kernels.rows import STREAMED, replace_norms
-from ...kernels.tiled import TILED
+from ...kernels.rows import Streamed, replace_norms
+from ...kernels.tiled import Tiled
 from ...models import invariant
 from ...models.compilation import CompilationConfig, compile_model
 from ...models.merged_projections import merge_projections
 from ...models.packed_linear import pack_linear_layers
 from ..core.scheduler import ScheduledSequence
 from .kv_cache import KVCache
+from .tuning import tune
 
 ATTENTION_NAME = "paged_attention"
 COMPILED_NAME = "paged_attention_compiled"  # a compiled engine's (:func:`compiled_attention_forward`)
@@ -70,6 +71,7 @@ class ForwardContext:
     invariant: bool = False  # batch-invariant mode: every query length takes the one float64 path
     checked: bool = False  # the step's slot mapping has been checked against the cache (first layer)
     store_map: kernels.StoreMap | None = None  # an int8 cache's: which new tokens go to which block
+    prefill_in_place: bool = True  # compiled backend: prompts read in place (False: gathered, SDPA)
 
 
 _context: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(
@@ -149,7 +151,8 @@ def _attend(
                                    backend=ctx.backend, plan=ctx.plan, **scales)  # fmt: skip
     else:
         out = kernels.paged_prefill(q, key_cache, value_cache, ctx.block_tables, ctx.seq_lens,
-                                    ctx.query_start_loc, scaling, backend=ctx.backend, **scales)  # fmt: skip
+                                    ctx.query_start_loc, scaling, backend=ctx.backend,
+                                    in_place=ctx.prefill_in_place, **scales)  # fmt: skip
     return out.unsqueeze(0), None  # [1, tokens, heads, dim], as transformers expects
 
 
@@ -253,14 +256,17 @@ class ModelRunner:
         #: with the compiled backend, products of a few rows stream the weights instead (a step of
         #: one sequence is bound by reading them): bfloat16 ones straight from the weights
         #: (:mod:`..kernels.rows`), float32 ones from a tiled copy, in oneDNN's order of sums
-        #: (:mod:`..kernels.tiled`). A compiled model's graph calls each of these layers as one
-        #: opaque operation (:mod:`..models.opaque`), so they choose their kernel at run time.
+        #: (:mod:`..kernels.tiled`), for the row counts where this machine measures them faster
+        #: (:mod:`.tuning`, as it chooses how prompts attend). A compiled model's graph calls each of
+        #: these layers as one opaque operation (:mod:`..models.opaque`): they choose at run time.
         on_cpu = self.device.type == "cpu"
         bf16 = next(model.parameters()).dtype == torch.bfloat16
         fast = self.backend == "compiled" and not self.batch_invariant
-        few = (STREAMED if bf16 else TILED) if fast else None
+        few = (Streamed() if bf16 else Tiled()) if fast else None
         self.num_merged_groups = merge_projections(model, few) if on_cpu else 0
         self.num_packed_layers = pack_linear_layers(model, rows=few) if on_cpu else 0
+        #: This machine's measured choices (``None``: not the compiled CPU backend)
+        self.tuning = tune(model, few, kv_cache.block_size, kv_cache.spec.dtype) if fast and on_cpu else None
         #: With the compiled CPU backend, each bfloat16 RMSNorm is one compiled pass per row
         #: (:mod:`..kernels.rows`); a compiled model's norms are inductor's
         eager_norms = self.backend == "compiled" and not self.compiled
@@ -350,6 +356,7 @@ class ModelRunner:
             decode_only=len(token_ids) == len(scheduled),
             backend=self.step_backend(),
             invariant=self.batch_invariant,
+            prefill_in_place=self.tuning is None or self.tuning.prefill_in_place,
         )
         cache = self.kv_cache
         if cache.per_block_scales:  # int8: one map of new tokens to blocks for every layer's store

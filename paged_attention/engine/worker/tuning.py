@@ -1,0 +1,192 @@
+"""Which CPU kernel is faster on this machine, measured once: a few rows' products, and prompts' attention.
+
+Two of the compiled backend's choices have no answer that holds on every CPU, so the engine measures
+them on the model it serves, the first time it meets a machine:
+
+* **a few rows' products**: oneDNN's packed product, or the engine's row kernel (bfloat16 weights
+  streamed by :func:`..kernels.rows.linear_rows`, float32 ones from tiles summed in oneDNN's order,
+  :mod:`..kernels.tiled`). On this project's 2-core AMD EPYC the row kernels read SmolLM2's weights
+  at 1.3-1.7x oneDNN's pace at one row; on a 2-core Xeon with AMX, oneDNN was 1.2x (one row) to 1.9x
+  (four rows) faster. The row kernel keeps the row counts, from one up, where a pass over every
+  product of the model is at least :data:`MARGIN` times faster with it (``rows``; 0: none, and its
+  prepared copies are dropped);
+* **prompts' attention**: the in-place loop nest (:func:`..kernels.compiled.paged_prefill`), or the
+  gathered pages and torch's SDPA: on the AMD EPYC the loop was 1.1x faster, on the Xeon SDPA was 2.9x
+  faster in bfloat16 (its CPU flash kernel multiplies on AMX) and 1.5x in float32. Probed on
+  :data:`PROMPTS` at the model's heads and the engine's block size (an 8-bit cache keeps the loop).
+
+What was measured is kept on disk (:mod:`...models.machine_cache`, file ``tuning``) under this
+machine, torch, the thread count, the dtype, the shapes and :data:`VERSION`; a close call (within
+:data:`CLOSE` either way) is not stored, so the next engine measures again. Measuring costs about a
+second for SmolLM2 (a few passes over its products), once per machine. Neither choice changes what
+a greedy float32 engine writes beyond rounding: the float32 tiles give oneDNN's own bits, and the
+tests compare every path with transformers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ... import kernels
+from ...models import machine_cache
+from ...models.merged_projections import MergedProduct, product_owners
+from ...models.packed_linear import PackedLinear, RowKernel
+
+MARGIN = 1.05  #: a row kernel is kept for a row count where it is at least this many times faster
+CLOSE = 1.15  #: a ratio within this factor of the margin (or of 1 for prompts) is measured again
+VERSION = 1  #: part of the cache key: a change to the probes measures again
+CACHE_NAME = "tuning"
+PROMPTS = (32, 96, 160, 300)  #: prompt lengths of the attention probe (one sequence each)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The choices (``rows``: the most rows the row kernel takes, 0 none; ``prefill_in_place``) and
+    what they rest on: ``rows_seconds[r] = (row kernel, oneDNN)`` and ``prefill_seconds = (in place,
+    SDPA)``, seconds of one probe (empty where nothing was measured)."""
+
+    rows: int
+    prefill_in_place: bool
+    rows_seconds: dict[int, tuple[float, float]]
+    prefill_seconds: tuple[float, float] | None
+
+
+def tune(
+    model: torch.nn.Module, kernel: RowKernel | None, block_size: int, cache_dtype: torch.dtype
+) -> Tuning:
+    """Measure (or read back) this machine's choices for ``model`` (packed and merged, its layers
+    given ``kernel``, whose ``rows`` is the most it takes), then apply the row choice: ``kernel.rows``
+    lowered, or every layer's prepared copy dropped where it wins at no row count."""
+    owners = [o for o in product_owners(model) if o.prepared is not None]
+    dtype = next(model.parameters()).dtype
+    config = getattr(model.config, "get_text_config", lambda: model.config)()
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    probe_prefill = cache_dtype == dtype and dtype in kernels.compiled.DTYPES
+    most = int(getattr(kernel, "rows", 0)) if owners else 0
+    shapes = sorted({tuple(o.weight.shape) for o in owners})
+    key = machine_cache.machine_key(
+        dtype, type(kernel).__name__, most, shapes, (heads, kv_heads, head_dim, block_size), probe_prefill,
+        f"tuning {VERSION}",
+    )  # fmt: skip
+    entry = machine_cache.load(CACHE_NAME, key)
+    found = _parse(entry)
+    if found is None:
+        rows_seconds = {r: measure_rows(owners, r, dtype) for r in range(1, most + 1)}
+        shape = (heads, kv_heads, head_dim, block_size)
+        prefill_seconds = measure_prefill(*shape, dtype) if probe_prefill else None
+        found = rows_seconds, prefill_seconds
+        if not _close(rows_seconds, prefill_seconds):
+            machine_cache.store(CACHE_NAME, key, {"rows": rows_seconds, "prefill": prefill_seconds})
+    rows_seconds, prefill_seconds = found
+    chosen = decide(rows_seconds, prefill_seconds)
+    if kernel is not None and hasattr(kernel, "rows"):
+        kernel.rows = chosen.rows
+    if chosen.rows == 0:
+        for owner in owners:  # oneDNN's product throughout: the prepared copies go (the tiles' memory)
+            owner.rows = owner.prepared = None
+    return chosen
+
+
+Seconds = dict[int, tuple[float, float]]  #: by row count: (row kernel, oneDNN)
+
+
+def decide(rows_seconds: Seconds, prefill_seconds: tuple[float, float] | None) -> Tuning:
+    """The choices the measurements make (see the module docstring)."""
+    rows = 0
+    for r in sorted(rows_seconds):
+        kernel_s, onednn_s = rows_seconds[r]
+        if kernel_s * MARGIN > onednn_s:
+            break
+        rows = r
+    in_place = prefill_seconds is None or prefill_seconds[0] <= prefill_seconds[1]
+    return Tuning(rows, in_place, rows_seconds, prefill_seconds)
+
+
+def measure_rows(
+    owners: list[PackedLinear | MergedProduct], rows: int, dtype: torch.dtype, repeats: int = 3
+) -> tuple[float, float]:
+    """Seconds of one pass over every product of ``owners`` at ``rows`` rows of ``dtype``: (with their
+    row kernel, with oneDNN's packed product), best of ``repeats`` each, the two alternating."""
+    generator = torch.Generator().manual_seed(rows)
+    inputs = [torch.randn(rows, o.weight.shape[1], generator=generator).to(dtype) for o in owners]
+    prepared = [o.prepared for o in owners]
+
+    def run() -> None:
+        for owner, x in zip(owners, inputs, strict=True):
+            owner.product(x)
+
+    def without() -> None:
+        for owner in owners:
+            owner.prepared = None
+        try:
+            run()
+        finally:
+            for owner, kept in zip(owners, prepared, strict=True):
+                owner.prepared = kept
+
+    with torch.inference_mode():
+        return _alternating(run, without, repeats)
+
+
+def measure_prefill(
+    heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype, repeats: int = 3
+) -> tuple[float, float]:
+    """Seconds of the prompts' attention over :data:`PROMPTS` (random pages): (in place, SDPA)."""
+    generator = torch.Generator().manual_seed(0)
+    counts = [-(-n // block_size) for n in PROMPTS]
+    total = sum(counts)
+    shape = (total, block_size, kv_heads, head_dim)
+    key_cache = torch.randn(shape, generator=generator).to(dtype)
+    value_cache = torch.randn(shape, generator=generator).to(dtype)
+    tables = torch.zeros(len(PROMPTS), max(counts), dtype=torch.int32)
+    order = torch.randperm(total, generator=generator).to(torch.int32)
+    start = 0
+    for i, count in enumerate(counts):
+        tables[i, :count] = order[start : start + count]
+        start += count
+    seq_lens = torch.tensor(PROMPTS, dtype=torch.int32)
+    starts = torch.tensor([0, *torch.tensor(PROMPTS).cumsum(0).tolist()], dtype=torch.int32)
+    query = torch.randn(sum(PROMPTS), heads, head_dim, generator=generator).to(dtype)
+    args = (query, key_cache, value_cache, tables, seq_lens, starts)
+
+    def attend(in_place: bool) -> Callable[[], object]:
+        return lambda: kernels.paged_prefill(*args, backend="compiled", in_place=in_place)
+
+    with torch.inference_mode():
+        return _alternating(attend(True), attend(False), repeats)
+
+
+def _alternating(
+    first: Callable[[], object], second: Callable[[], object], repeats: int
+) -> tuple[float, float]:
+    first(), second()  # warm-up: kernels compiled or loaded, oneDNN's primitives built
+    best = [float("inf"), float("inf")]
+    for _ in range(repeats):
+        for i, run in enumerate((first, second)):
+            start = time.perf_counter()
+            run()
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best[0], best[1]
+
+
+def _close(rows_seconds: dict[int, tuple[float, float]], prefill_seconds: tuple[float, float] | None) -> bool:
+    ratios = [(o / k) / MARGIN for k, o in rows_seconds.values()]
+    if prefill_seconds is not None:
+        ratios.append(prefill_seconds[1] / prefill_seconds[0])
+    return any(1 / CLOSE < r < CLOSE for r in ratios)
+
+
+def _parse(entry: object) -> tuple[dict[int, tuple[float, float]], tuple[float, float] | None] | None:
+    """A stored entry as measurements, or ``None`` where it is missing or not one."""
+    try:
+        rows = {int(r): (float(k), float(o)) for r, (k, o) in entry["rows"].items()}  # type: ignore[index]
+        prefill = entry["prefill"]  # type: ignore[index]
+        return rows, None if prefill is None else (float(prefill[0]), float(prefill[1]))
+    except (TypeError, KeyError, ValueError, AttributeError):
+        return None

@@ -1,0 +1,93 @@
+"""The engine's measured kernel choices (:mod:`paged_attention.engine.worker.tuning`).
+
+The contract: the row kernel takes exactly the row counts, from one up, where it measured at least
+``MARGIN`` times faster (none: the layers keep no prepared copies); prompts are read in place only
+where that measured faster than the gathered pages and SDPA; the measurements are kept on disk per
+machine and read back, a close call is not stored; whatever is chosen, the tokens are the same.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paged_attention import LLM, SamplingParams
+from paged_attention.engine.worker import tuning
+from paged_attention.kernels import compiled, rows
+from paged_attention.models import machine_cache
+from paged_attention.models.merged_projections import product_owners
+
+needs_numba = pytest.mark.skipif(not compiled.available(), reason="Numba unavailable")
+
+
+def measured_as(monkeypatch, ratios: dict[int, float], prefill: tuple[float, float] = (1.0, 2.0)) -> list:
+    """Make every measurement report ``ratios`` (oneDNN's time over the row kernel's, by rows) and
+    ``prefill`` (in place, SDPA) seconds, in a cache of the test's own; returns the stores made."""
+    stored: dict[str, object] = {}
+    monkeypatch.setattr(machine_cache, "load", lambda name, key: stored.get(key))
+    monkeypatch.setattr(machine_cache, "store", lambda name, key, value: stored.__setitem__(key, value))
+    calls: list = []
+    monkeypatch.setattr(
+        tuning, "measure_rows", lambda owners, r, dtype: calls.append(r) or (1.0, ratios.get(r, 0.5))
+    )
+    monkeypatch.setattr(tuning, "measure_prefill", lambda *a: calls.append("prefill") or prefill)
+    return calls
+
+
+def test_the_row_kernel_keeps_the_row_counts_from_one_up_where_it_wins_by_the_margin() -> None:
+    assert tuning.decide({1: (1.0, 1.5), 2: (1.0, 1.2), 3: (1.0, 1.01), 4: (1.0, 2.0)}, None).rows == 2
+    assert tuning.decide({1: (1.0, 1.0), 2: (1.0, 3.0)}, None).rows == 0  # not faster at one row: none
+    assert tuning.decide({}, None) == tuning.Tuning(0, True, {}, None)
+    assert not tuning.decide({}, (2.0, 1.0)).prefill_in_place
+    assert tuning.decide({}, (1.0, 2.0)).prefill_in_place
+
+
+@needs_numba
+def test_an_engine_measures_once_applies_the_choice_and_writes_the_same_tokens(monkeypatch) -> None:
+    """bfloat16: the choice applied (row counts, prepared copies, the prompts' path); float32: the
+    same greedy tokens whichever way the machine chose."""
+    calls = measured_as(monkeypatch, {1: 2.0, 2: 2.0, 3: 0.5}, prefill=(2.0, 1.0))
+    runner = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4).llm_engine.runner
+    assert calls == [1, 2, 3, 4, "prefill"]
+    assert runner.tuning.rows == 2 and not runner.tuning.prefill_in_place
+    owners = product_owners(runner.model)
+    assert owners and all(o.rows.rows == 2 and o.prepared is not None for o in owners)
+    again = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4)  # read back: not measured again
+    assert len(calls) == 5 and again.llm_engine.runner.tuning.rows == 2
+    prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 9, 20)]
+    params = SamplingParams(temperature=0, max_tokens=8)
+    spent: list[int] = []
+    real = compiled.paged_prefill
+    monkeypatch.setattr(compiled, "paged_prefill", lambda *a: spent.append(1) or real(*a))
+    answers = []
+    for ratios, prefill in (({1: 2.0, 2: 2.0}, (2.0, 1.0)), ({1: 0.5}, (1.0, 2.0))):
+        measured_as(monkeypatch, ratios, prefill)
+        llm = LLM(dtype="float32", num_kv_blocks=32, block_size=4)
+        chosen = llm.llm_engine.runner.tuning
+        answers.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
+        assert bool(spent) == chosen.prefill_in_place  # the prompts' path, as measured
+        if chosen.rows == 0:  # oneDNN throughout: no copies kept
+            assert all(o.rows is None and o.prepared is None for o in product_owners(llm.llm_engine.model))
+    assert answers[0] == answers[1]
+
+
+def test_a_close_call_is_not_stored_and_the_eager_backend_measures_nothing(monkeypatch) -> None:
+    calls = measured_as(monkeypatch, {1: 1.1, 2: 0.2})  # 1.1: near the margin
+    stores = []
+    monkeypatch.setattr(machine_cache, "store", lambda *a: stores.append(a))
+    LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4)
+    assert stores == [] and calls
+    calls.clear()
+    assert LLM(num_kv_blocks=32, attention_backend="torch").llm_engine.runner.tuning is None and calls == []
+
+
+@needs_numba
+def test_the_real_probes_time_both_paths_and_restore_the_layers() -> None:
+    llm = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4)
+    owners = product_owners(llm.llm_engine.runner.model)
+    for owner in owners:  # (whatever this machine chose: the probe needs a kernel to time)
+        owner.rows, owner.prepared = rows.Streamed(), owner.weight
+    kernel_s, onednn_s = tuning.measure_rows(owners, 1, torch.bfloat16, repeats=1)
+    assert kernel_s > 0 and onednn_s > 0 and all(o.prepared is not None for o in owners)
+    in_place, sdpa = tuning.measure_prefill(4, 2, 16, 4, torch.bfloat16, repeats=1)
+    assert in_place > 0 and sdpa > 0
