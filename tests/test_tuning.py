@@ -14,15 +14,18 @@ import torch
 from paged_attention import LLM, SamplingParams
 from paged_attention.engine.worker import tuning
 from paged_attention.kernels import compiled, rows
-from paged_attention.models import machine_cache
+from paged_attention.models import machine_cache, packed_linear
 from paged_attention.models.merged_projections import product_owners
 
 needs_numba = pytest.mark.skipif(not compiled.available(), reason="Numba unavailable")
+needs_packing = pytest.mark.skipif(not packed_linear.packing_available(), reason="oneDNN cannot pack here")
 
 
 def measured_as(monkeypatch, ratios: dict[int, float], prefill: tuple[float, float] = (1.0, 2.0)) -> list:
     """Make every measurement report ``ratios`` (oneDNN's time over the row kernel's, by rows) and
-    ``prefill`` (in place, SDPA) seconds, in a cache of the test's own; returns the stores made."""
+    ``prefill`` (in place, SDPA) seconds, in a cache of the test's own, for any model size (the
+    embedded model is below the size that is measured); returns the measurements asked for."""
+    monkeypatch.setattr(tuning, "SMALL_MODEL_BYTES", 0)
     stored: dict[str, object] = {}
     monkeypatch.setattr(machine_cache, "load", lambda name, key: stored.get(key))
     monkeypatch.setattr(machine_cache, "store", lambda name, key, value: stored.__setitem__(key, value))
@@ -43,17 +46,18 @@ def test_the_row_kernel_keeps_the_row_counts_from_one_up_where_it_wins_by_the_ma
 
 
 @needs_numba
+@needs_packing
 def test_an_engine_measures_once_applies_the_choice_and_writes_the_same_tokens(monkeypatch) -> None:
     """bfloat16: the choice applied (row counts, prepared copies, the prompts' path); float32: the
     same greedy tokens whichever way the machine chose."""
     calls = measured_as(monkeypatch, {1: 2.0, 2: 2.0, 3: 0.5}, prefill=(2.0, 1.0))
     runner = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4).llm_engine.runner
-    assert calls == [1, 2, 3, 4, "prefill"]
+    assert calls == [1, 2, 3, "prefill"]  # no row count past the first the kernel loses
     assert runner.tuning.rows == 2 and not runner.tuning.prefill_in_place
     owners = product_owners(runner.model)
     assert owners and all(o.rows.rows == 2 and o.prepared is not None for o in owners)
     again = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4)  # read back: not measured again
-    assert len(calls) == 5 and again.llm_engine.runner.tuning.rows == 2
+    assert len(calls) == 4 and again.llm_engine.runner.tuning.rows == 2
     prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 9, 20)]
     params = SamplingParams(temperature=0, max_tokens=8)
     spent: list[int] = []
@@ -62,6 +66,7 @@ def test_an_engine_measures_once_applies_the_choice_and_writes_the_same_tokens(m
     answers = []
     for ratios, prefill in (({1: 2.0, 2: 2.0}, (2.0, 1.0)), ({1: 0.5}, (1.0, 2.0))):
         measured_as(monkeypatch, ratios, prefill)
+        spent.clear()
         llm = LLM(dtype="float32", num_kv_blocks=32, block_size=4)
         chosen = llm.llm_engine.runner.tuning
         answers.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
@@ -71,6 +76,8 @@ def test_an_engine_measures_once_applies_the_choice_and_writes_the_same_tokens(m
     assert answers[0] == answers[1]
 
 
+@needs_numba
+@needs_packing
 def test_a_close_call_is_not_stored_and_the_eager_backend_measures_nothing(monkeypatch) -> None:
     calls = measured_as(monkeypatch, {1: 1.1, 2: 0.2})  # 1.1: near the margin
     stores = []
@@ -82,12 +89,58 @@ def test_a_close_call_is_not_stored_and_the_eager_backend_measures_nothing(monke
 
 
 @needs_numba
-def test_the_real_probes_time_both_paths_and_restore_the_layers() -> None:
+def test_the_real_probes_time_both_paths_and_restore_the_layers(monkeypatch) -> None:
     llm = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4)
     owners = product_owners(llm.llm_engine.runner.model)
     for owner in owners:  # (whatever this machine chose: the probe needs a kernel to time)
         owner.rows, owner.prepared = rows.Streamed(), owner.weight
+    kept = [o.prepared for o in owners]
+    calls = []
+    real = rows.linear_rows
+    monkeypatch.setattr(rows, "linear_rows", lambda *a: calls.append(1) or real(*a))
     kernel_s, onednn_s = tuning.measure_rows(owners, 1, torch.bfloat16, repeats=1)
-    assert kernel_s > 0 and onednn_s > 0 and all(o.prepared is not None for o in owners)
+    assert kernel_s > 0 and onednn_s > 0
+    assert len(calls) == 2 * len(owners)  # a warm-up and a timed pass with the kernel, none without it
+    assert all(o.prepared is k for o, k in zip(owners, kept, strict=True))  # put back as they were
     in_place, sdpa = tuning.measure_prefill(4, 2, 16, 4, torch.bfloat16, repeats=1)
     assert in_place > 0 and sdpa > 0
+
+
+def test_a_small_model_is_not_measured_and_keeps_its_kernels(monkeypatch) -> None:
+    """The embedded model (10 MB) is too quick to time against noise: it keeps the loops, so its
+    results (and the notebooks' outputs) do not depend on the machine's speed."""
+    calls: list = []
+    monkeypatch.setattr(tuning, "measure_rows", lambda *a: calls.append(a) or (1.0, 1.0))
+    monkeypatch.setattr(tuning, "measure_prefill", lambda *a: calls.append(a) or (1.0, 1.0))
+    chosen = LLM(num_kv_blocks=16).llm_engine.runner.tuning
+    assert calls == [] and chosen.prefill_in_place and chosen.rows_seconds == {}
+
+
+def test_stored_measurements_read_back_as_measured_and_damaged_ones_as_none() -> None:
+    import json
+
+    measured = {"rows": {1: (0.5, 1.0), 2: (0.7, 0.6)}, "prefill": (0.2, 0.1)}
+    back = tuning._parse(json.loads(json.dumps(measured)))  # keys become strings, pairs lists
+    assert back == ({1: (0.5, 1.0), 2: (0.7, 0.6)}, (0.2, 0.1))
+    assert tuning.decide(*back) == tuning.Tuning(1, False, *back)
+    damaged = [None, {}, {"rows": []}, {"rows": {"x": [1, 2]}, "prefill": None}, {"rows": {}, "prefill": [1]}]
+    assert all(tuning._parse(entry) is None for entry in damaged)
+
+
+def test_the_machine_cache_keeps_what_it_could_not_write_and_forgets_a_damaged_file(monkeypatch, tmp_path):
+    monkeypatch.setenv("PAGED_ATTENTION_CACHE", str(tmp_path / "cache"))
+    key = machine_cache.machine_key("test", 1)
+    assert key.endswith("|test|1|" + machine_cache.os.environ.get("ONEDNN_MAX_CPU_ISA", ""))
+    assert machine_cache.load("probe", key) is None
+    machine_cache.store("probe", key, {"a": (1, 2)})
+    assert machine_cache.load("probe", key) == {"a": [1, 2]}  # from the file
+    machine_cache.cache_file("probe").write_text("{not json")
+    assert machine_cache.load("probe", key) is None  # damaged: measure again
+    machine_cache.cache_file("probe").unlink()
+    monkeypatch.setattr(machine_cache.tempfile, "NamedTemporaryFile", _refuse)  # a read-only folder
+    machine_cache.store("probe", key, {"b": 3})
+    assert not machine_cache.cache_file("probe").exists() and machine_cache.load("probe", key) == {"b": 3}
+
+
+def _refuse(*args, **kwargs):
+    raise OSError("read-only")

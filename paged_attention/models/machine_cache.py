@@ -48,18 +48,28 @@ def cache_file(name: str) -> Path:
     return cache_dir() / f"{name}.json"
 
 
+_memory: dict[tuple[Path, str], Any] = {}  # what this process stored, by file (kept where it cannot be)
+
+
 def load(name: str, key: str) -> Any:
-    """The entry ``key`` of the file ``name``, or ``None`` where there is none (or none readable)."""
+    """The entry ``key`` of the file ``name``, else what this process stored under it (a read-only
+    cache folder), else ``None``; a damaged file reads as ``None`` (measure again)."""
+    path = cache_file(name)
     try:
-        known = json.loads(cache_file(name).read_text())
-        return known.get(key) if isinstance(known, dict) else None
-    except (OSError, ValueError):  # missing or damaged: measure
+        known = json.loads(path.read_text())
+    except OSError:  # no file
+        return _memory.get((path, key))
+    except ValueError:  # damaged
         return None
+    if isinstance(known, dict) and key in known:
+        return known[key]
+    return _memory.get((path, key))
 
 
 def store(name: str, key: str, value: Any) -> None:
     """Add the entry ``key`` (plain JSON) to the file ``name`` (see the module's invariants)."""
     path = cache_file(name)
+    _memory[path, key] = json.loads(json.dumps(value))  # as a file would give it back
     try:
         known = json.loads(path.read_text())
     except (OSError, ValueError):

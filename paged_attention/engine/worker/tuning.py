@@ -17,10 +17,13 @@ them on the model it serves, the first time it meets a machine:
 
 What was measured is kept on disk (:mod:`...models.machine_cache`, file ``tuning``) under this
 machine, torch, the thread count, the dtype, the shapes and :data:`VERSION`; a close call (within
-:data:`CLOSE` either way) is not stored, so the next engine measures again. Measuring costs about a
-second for SmolLM2 (a few passes over its products), once per machine. Neither choice changes what
-a greedy float32 engine writes beyond rounding: the float32 tiles give oneDNN's own bits, and the
-tests compare every path with transformers.
+:data:`CLOSE` either way, among the row counts measured: up to the first the kernel loses) is not
+stored, so the next engine measures again. Measuring costs about a second for SmolLM2, once per
+machine; a model of at most :data:`SMALL_MODEL_BYTES` (the embedded one) is not measured and keeps
+the loops, so that tests and notebooks do not depend on the machine's speed. Either way a float32
+engine's greedy tokens are transformers' (the tests compare every path); where the tiles are
+dropped, a float32 row decoded alone is oneDNN's one-row product again, which may round differently
+from the same row in a batch (:mod:`..kernels.tiled`).
 """
 
 from __future__ import annotations
@@ -34,13 +37,14 @@ import torch
 from ... import kernels
 from ...models import machine_cache
 from ...models.merged_projections import MergedProduct, product_owners
-from ...models.packed_linear import PackedLinear, RowKernel
+from ...models.packed_linear import PACKED_DTYPES, PackedLinear, RowKernel
 
 MARGIN = 1.05  #: a row kernel is kept for a row count where it is at least this many times faster
 CLOSE = 1.15  #: a ratio within this factor of the margin (or of 1 for prompts) is measured again
 VERSION = 1  #: part of the cache key: a change to the probes measures again
 CACHE_NAME = "tuning"
 PROMPTS = (32, 96, 160, 300)  #: prompt lengths of the attention probe (one sequence each)
+SMALL_MODEL_BYTES = 64 << 20  #: weights up to this size are not measured (as in ``models.cpu_dtype``)
 
 
 @dataclass(frozen=True)
@@ -59,37 +63,53 @@ def tune(
     model: torch.nn.Module, kernel: RowKernel | None, block_size: int, cache_dtype: torch.dtype
 ) -> Tuning:
     """Measure (or read back) this machine's choices for ``model`` (packed and merged, its layers
-    given ``kernel``, whose ``rows`` is the most it takes), then apply the row choice: ``kernel.rows``
-    lowered, or every layer's prepared copy dropped where it wins at no row count."""
-    owners = [o for o in product_owners(model) if o.prepared is not None]
+    given a row kernel, whose ``rows`` is the most it takes), then apply the row choice: the kernel's
+    ``rows`` lowered, or, where it wins at no row count, taken from every layer with what it kept.
+    A model of at most :data:`SMALL_MODEL_BYTES` is not measured (too quick to time against noise):
+    it keeps the kernels, so that its results do not depend on the machine's speed."""
     dtype = next(model.parameters()).dtype
+    if dtype not in PACKED_DTYPES:
+        return decide({}, None)
+    everyone = product_owners(model)
+    with torch.inference_mode():  # bring every layer up to date (a weight changed since: rebuilt)
+        for owner in everyone:
+            owner.product(torch.zeros(1, owner.weight.shape[1], dtype=dtype))
+    used = {id(o.rows): o.rows for o in everyone if o.rows is not None}
+    kernel = next(iter(used.values())) if len(used) == 1 else kernel  # (an earlier engine's, shared)
+    owners = [o for o in everyone if o.prepared is not None]
     config = getattr(model.config, "get_text_config", lambda: model.config)()
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    probe_prefill = cache_dtype == dtype and dtype in kernels.compiled.DTYPES
-    most = int(getattr(kernel, "rows", 0)) if owners else 0
+    if sum(p.numel() * p.element_size() for p in model.parameters()) <= SMALL_MODEL_BYTES:
+        return Tuning(int(getattr(kernel, "rows", 0)) if owners else 0, True, {}, None)
+    measurable = kernels.compiled.available()
+    probe_prefill = measurable and cache_dtype == dtype and dtype in kernels.compiled.DTYPES
+    most = int(getattr(kernel, "rows", 0)) if owners and measurable else 0
     shapes = sorted({tuple(o.weight.shape) for o in owners})
     key = machine_cache.machine_key(
         dtype, type(kernel).__name__, most, shapes, (heads, kv_heads, head_dim, block_size), probe_prefill,
         f"tuning {VERSION}",
     )  # fmt: skip
-    entry = machine_cache.load(CACHE_NAME, key)
-    found = _parse(entry)
+    found = _parse(machine_cache.load(CACHE_NAME, key))
     if found is None:
-        rows_seconds = {r: measure_rows(owners, r, dtype) for r in range(1, most + 1)}
+        rows_seconds = {}
+        for r in range(1, most + 1):  # up to the first row count the kernel loses
+            rows_seconds[r] = measure_rows(owners, r, dtype)
+            if decide(rows_seconds, None).rows < r:
+                break
         shape = (heads, kv_heads, head_dim, block_size)
         prefill_seconds = measure_prefill(*shape, dtype) if probe_prefill else None
         found = rows_seconds, prefill_seconds
-        if not _close(rows_seconds, prefill_seconds):
+        if (rows_seconds or prefill_seconds) and not _close(rows_seconds, prefill_seconds):
             machine_cache.store(CACHE_NAME, key, {"rows": rows_seconds, "prefill": prefill_seconds})
-    rows_seconds, prefill_seconds = found
-    chosen = decide(rows_seconds, prefill_seconds)
+    chosen = decide(*found)
     if kernel is not None and hasattr(kernel, "rows"):
         kernel.rows = chosen.rows
     if chosen.rows == 0:
-        for owner in owners:  # oneDNN's product throughout: the prepared copies go (the tiles' memory)
-            owner.rows = owner.prepared = None
+        for owner in everyone:  # oneDNN's product throughout: the kept copies go (the tiles' memory)
+            if owner.rows is kernel:
+                owner.rows = owner.prepared = None
     return chosen
 
 
@@ -175,7 +195,7 @@ def _alternating(
     return best[0], best[1]
 
 
-def _close(rows_seconds: dict[int, tuple[float, float]], prefill_seconds: tuple[float, float] | None) -> bool:
+def _close(rows_seconds: Seconds, prefill_seconds: tuple[float, float] | None) -> bool:
     ratios = [(o / k) / MARGIN for k, o in rows_seconds.values()]
     if prefill_seconds is not None:
         ratios.append(prefill_seconds[1] / prefill_seconds[0])
@@ -188,5 +208,5 @@ def _parse(entry: object) -> tuple[dict[int, tuple[float, float]], tuple[float, 
         rows = {int(r): (float(k), float(o)) for r, (k, o) in entry["rows"].items()}  # type: ignore[index]
         prefill = entry["prefill"]  # type: ignore[index]
         return rows, None if prefill is None else (float(prefill[0]), float(prefill[1]))
-    except (TypeError, KeyError, ValueError, AttributeError):
+    except (TypeError, KeyError, ValueError, AttributeError, IndexError):
         return None
