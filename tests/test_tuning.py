@@ -13,7 +13,7 @@ import torch
 
 from paged_attention import LLM, SamplingParams
 from paged_attention.engine.worker import tuning
-from paged_attention.kernels import compiled, rows
+from paged_attention.kernels import compiled, rows, tiled
 from paged_attention.models import machine_cache, packed_linear
 from paged_attention.models.merged_projections import product_owners
 
@@ -21,10 +21,10 @@ needs_numba = pytest.mark.skipif(not compiled.available(), reason="Numba unavail
 needs_packing = pytest.mark.skipif(not packed_linear.packing_available(), reason="oneDNN cannot pack here")
 
 
-def measured_as(monkeypatch, ratios: dict[int, float], prefill: tuple[float, float] = (1.0, 2.0)) -> list:
-    """Make every measurement report ``ratios`` (oneDNN's time over the row kernel's, by rows) and
-    ``prefill`` (in place, SDPA) seconds, in a cache of the test's own, for any model size (the
-    embedded model is below the size that is measured); returns the measurements asked for."""
+def measured_as(monkeypatch, ratios: dict[int, float]) -> list:
+    """Make every measurement report ``ratios`` (oneDNN's time over the row kernel's, by rows), in a
+    cache of the test's own, for any model size (the embedded model is below the size that is
+    measured); returns the row counts measured."""
     monkeypatch.setattr(tuning, "SMALL_MODEL_BYTES", 0)
     stored: dict[str, object] = {}
     monkeypatch.setattr(machine_cache, "load", lambda name, key: stored.get(key))
@@ -33,51 +33,40 @@ def measured_as(monkeypatch, ratios: dict[int, float], prefill: tuple[float, flo
     monkeypatch.setattr(
         tuning, "measure_rows", lambda owners, r, dtype: calls.append(r) or (1.0, ratios.get(r, 0.5))
     )
-    monkeypatch.setattr(tuning, "measure_prefill", lambda *a: calls.append("prefill") or prefill)
     return calls
 
 
 def test_the_row_kernel_keeps_the_row_counts_from_one_up_where_it_wins_by_the_margin() -> None:
-    assert tuning.decide({1: (1.0, 1.5), 2: (1.0, 1.2), 3: (1.0, 1.01), 4: (1.0, 2.0)}, None).rows == 2
-    assert tuning.decide({1: (1.0, 1.0), 2: (1.0, 3.0)}, None).rows == 0  # not faster at one row: none
-    assert tuning.decide({}, None) == tuning.Tuning(0, True, {}, None)
-    assert not tuning.decide({}, (2.0, 1.0)).prefill_in_place
-    assert tuning.decide({}, (1.0, 2.0)).prefill_in_place
+    assert tuning.decide({1: (1.0, 1.5), 2: (1.0, 1.2), 3: (1.0, 1.01), 4: (1.0, 2.0)}).rows == 2
+    assert tuning.decide({1: (1.0, 1.0), 2: (1.0, 3.0)}).rows == 0  # not faster at one row: none
+    assert tuning.decide({}) == tuning.Tuning(0, {})
 
 
 @needs_numba
 @needs_packing
 def test_an_engine_measures_once_applies_the_choice_and_writes_the_same_tokens(monkeypatch) -> None:
-    """bfloat16: the choice applied (row counts, prepared copies, the prompts' path); float32: the
-    same greedy tokens whichever way the machine chose."""
-    calls = measured_as(monkeypatch, {1: 2.0, 2: 2.0, 3: 0.5}, prefill=(2.0, 1.0))
+    """bfloat16: the choice applied (row counts, prepared copies); float32: the same greedy tokens
+    whichever way the machine chose."""
+    calls = measured_as(monkeypatch, {1: 2.0, 2: 2.0, 3: 0.5})
     runner = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4).llm_engine.runner
-    assert calls == [1, 2, 3, "prefill"]  # no row count past the first the kernel loses
-    assert runner.tuning.rows == 2 and not runner.tuning.prefill_in_place
+    assert calls == [1, 2, 3]  # no row count past the first the kernel loses
+    assert runner.tuning.rows == 2
     owners = product_owners(runner.model)
     assert owners and all(o.rows.rows == 2 and o.prepared is not None for o in owners)
     again = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4)  # read back: not measured again
-    assert len(calls) == 4 and again.llm_engine.runner.tuning.rows == 2
+    assert len(calls) == 3 and again.llm_engine.runner.tuning.rows == 2
     prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 9, 20)]
     params = SamplingParams(temperature=0, max_tokens=8)
-    spent: list[int] = []
-    real = compiled.paged_prefill
-    monkeypatch.setattr(compiled, "paged_prefill", lambda *a: spent.append(1) or real(*a))
     answers = []
-    for ratios, prefill in (({1: 2.0, 2: 2.0}, (2.0, 1.0)), ({1: 0.5}, (1.0, 2.0))):
-        measured_as(monkeypatch, ratios, prefill)
-        spent.clear()
+    for ratios in ({1: 2.0, 2: 2.0}, {1: 0.5}):
+        measured_as(monkeypatch, ratios)
         llm = LLM(dtype="float32", num_kv_blocks=32, block_size=4)
-        chosen = llm.llm_engine.runner.tuning
         answers.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
-        assert bool(spent) == chosen.prefill_in_place  # the prompts' path, as measured
-        if chosen.rows == 0:  # oneDNN throughout: no copies kept
+        if llm.llm_engine.runner.tuning.rows == 0:  # oneDNN throughout: no copies kept
             assert all(o.rows is None and o.prepared is None for o in product_owners(llm.llm_engine.model))
     assert answers[0] == answers[1]
 
 
-@needs_numba
-@needs_packing
 def test_a_close_call_is_not_stored_and_the_eager_backend_measures_nothing(monkeypatch) -> None:
     calls = measured_as(monkeypatch, {1: 1.1, 2: 0.2})  # 1.1: near the margin
     stores = []
@@ -102,8 +91,6 @@ def test_the_real_probes_time_both_paths_and_restore_the_layers(monkeypatch) -> 
     assert kernel_s > 0 and onednn_s > 0
     assert len(calls) == 2 * len(owners)  # a warm-up and a timed pass with the kernel, none without it
     assert all(o.prepared is k for o, k in zip(owners, kept, strict=True))  # put back as they were
-    in_place, sdpa = tuning.measure_prefill(4, 2, 16, 4, torch.bfloat16, repeats=1)
-    assert in_place > 0 and sdpa > 0
 
 
 def test_a_small_model_is_not_measured_and_keeps_its_kernels(monkeypatch) -> None:
@@ -111,19 +98,18 @@ def test_a_small_model_is_not_measured_and_keeps_its_kernels(monkeypatch) -> Non
     results (and the notebooks' outputs) do not depend on the machine's speed."""
     calls: list = []
     monkeypatch.setattr(tuning, "measure_rows", lambda *a: calls.append(a) or (1.0, 1.0))
-    monkeypatch.setattr(tuning, "measure_prefill", lambda *a: calls.append(a) or (1.0, 1.0))
     chosen = LLM(num_kv_blocks=16).llm_engine.runner.tuning
-    assert calls == [] and chosen.prefill_in_place and chosen.rows_seconds == {}
+    assert calls == [] and chosen.rows == tiled.ROWS and chosen.rows_seconds == {}
 
 
 def test_stored_measurements_read_back_as_measured_and_damaged_ones_as_none() -> None:
     import json
 
-    measured = {"rows": {1: (0.5, 1.0), 2: (0.7, 0.6)}, "prefill": (0.2, 0.1)}
+    measured = {"rows": {1: (0.5, 1.0), 2: (0.7, 0.6)}}
     back = tuning._parse(json.loads(json.dumps(measured)))  # keys become strings, pairs lists
-    assert back == ({1: (0.5, 1.0), 2: (0.7, 0.6)}, (0.2, 0.1))
-    assert tuning.decide(*back) == tuning.Tuning(1, False, *back)
-    damaged = [None, {}, {"rows": []}, {"rows": {"x": [1, 2]}, "prefill": None}, {"rows": {}, "prefill": [1]}]
+    assert back == {1: (0.5, 1.0), 2: (0.7, 0.6)}
+    assert tuning.decide(back) == tuning.Tuning(1, back)
+    damaged = [None, {}, {"rows": []}, {"rows": {"x": [1, 2]}}, {"rows": {"1": [1]}}]
     assert all(tuning._parse(entry) is None for entry in damaged)
 
 

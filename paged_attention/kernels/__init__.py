@@ -192,7 +192,6 @@ def paged_prefill(
     backend: Backend = "auto",
     k_scale: Scale = None,
     v_scale: Scale = None,
-    in_place: bool = True,
 ) -> torch.Tensor:
     """Causal attention of packed new tokens ``query[num_tokens, num_heads, head_dim]`` (an 8-bit
     cache read with its ``k_scale``/``v_scale``, as in :func:`paged_decode`).
@@ -200,17 +199,16 @@ def paged_prefill(
     The torch backend runs torch's fused ``scaled_dot_product_attention`` in the cache's dtype
     over each sequence's gathered pages (:func:`.reference.paged_prefill` with ``fused=True``); the
     compiled backend reads the pages in place: its decode kernel for sequences that bring a few
-    tokens (a row per token), its prefill loop nest for longer ones (``in_place=False``: those
-    take the gathered pages and SDPA, where that measures faster: on a CPU whose matrix engine
-    torch's SDPA uses, e.g. AMX)."""
+    tokens (a row per token), its prefill loop nest for longer ones (each row computed alone, so
+    a prompt gets the same bits whether its prefix came from the prefix cache or not)."""
     chosen = resolve_backend(backend, query.device)
     scales = {"k_scale": k_scale, "v_scale": v_scale}
     if chosen in ("torch", "compiled"):
         fast = chosen == "compiled" and query.dtype != torch.float64
-        prefill = compiled.paged_prefill if fast and in_place else None
         return reference.paged_prefill(
             query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, fused=True,
-            decode=_compiled_decode if fast else None, prefill=prefill, **scales,
+            decode=_compiled_decode if fast else None, prefill=compiled.paged_prefill if fast else None,
+            **scales,
         )  # fmt: skip
     return _triton()[1].paged_prefill(
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, **scales

@@ -54,7 +54,8 @@ tokens, block size 16, one thread): 23-24 ms in bfloat16 or float32, where torch
 the gathered pages (it computes the masked half as well) took 26-28 ms; 291 against 287 output
 tokens/s on the 64-request peer workload, eager, bfloat16 (two alternating runs each). On a 2-core
 Xeon with AMX, SDPA was 2.9x faster in bfloat16 (8.2 against 23.3 ms: its flash kernel multiplies
-on the matrix engine) and 1.5x in float32: the engine measures which (``engine.worker.tuning``).
+on the matrix engine) and 1.5x in float32, but the loop stays: it computes each row alone, so a
+prompt gets the same bits whether its prefix came from the prefix cache or not (``engine.worker.tuning``).
 
 Compilation: Numba compiles each loop once per signature it meets (the cache's dtype; for
 :func:`decode_layer` also the memory layout of its query, keys and values: contiguous or strided) on

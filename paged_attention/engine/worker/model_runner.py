@@ -71,7 +71,6 @@ class ForwardContext:
     invariant: bool = False  # batch-invariant mode: every query length takes the one float64 path
     checked: bool = False  # the step's slot mapping has been checked against the cache (first layer)
     store_map: kernels.StoreMap | None = None  # an int8 cache's: which new tokens go to which block
-    prefill_in_place: bool = True  # compiled backend: prompts read in place (False: gathered, SDPA)
 
 
 _context: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(
@@ -151,8 +150,7 @@ def _attend(
                                    backend=ctx.backend, plan=ctx.plan, **scales)  # fmt: skip
     else:
         out = kernels.paged_prefill(q, key_cache, value_cache, ctx.block_tables, ctx.seq_lens,
-                                    ctx.query_start_loc, scaling, backend=ctx.backend,
-                                    in_place=ctx.prefill_in_place, **scales)  # fmt: skip
+                                    ctx.query_start_loc, scaling, backend=ctx.backend, **scales)  # fmt: skip
     return out.unsqueeze(0), None  # [1, tokens, heads, dim], as transformers expects
 
 
@@ -257,7 +255,7 @@ class ModelRunner:
         #: one sequence is bound by reading them): bfloat16 ones straight from the weights
         #: (:mod:`..kernels.rows`), float32 ones from a tiled copy, in oneDNN's order of sums
         #: (:mod:`..kernels.tiled`), for the row counts where this machine measures them faster
-        #: (:mod:`.tuning`, as it chooses how prompts attend). A compiled model's graph calls each of
+        #: (:mod:`.tuning`). A compiled model's graph calls each of
         #: these layers as one opaque operation (:mod:`..models.opaque`): they choose at run time.
         on_cpu = self.device.type == "cpu"
         bf16 = next(model.parameters()).dtype == torch.bfloat16
@@ -266,7 +264,7 @@ class ModelRunner:
         self.num_merged_groups = merge_projections(model, few) if on_cpu else 0
         self.num_packed_layers = pack_linear_layers(model, rows=few) if on_cpu else 0
         #: This machine's measured choices (``None``: not the compiled CPU backend)
-        self.tuning = tune(model, few, kv_cache.block_size, kv_cache.spec.dtype) if fast and on_cpu else None
+        self.tuning = tune(model, few) if fast and on_cpu else None
         #: With the compiled CPU backend, each bfloat16 RMSNorm is one compiled pass per row
         #: (:mod:`..kernels.rows`); a compiled model's norms are inductor's
         eager_norms = self.backend == "compiled" and not self.compiled
@@ -356,7 +354,6 @@ class ModelRunner:
             decode_only=len(token_ids) == len(scheduled),
             backend=self.step_backend(),
             invariant=self.batch_invariant,
-            prefill_in_place=self.tuning is None or self.tuning.prefill_in_place,
         )
         cache = self.kv_cache
         if cache.per_block_scales:  # int8: one map of new tokens to blocks for every layer's store
