@@ -32,7 +32,7 @@ from ..engine.chat import render_chat
 from ..engine.llm_engine import LLMEngine
 from ..engine.sample.sampling import RequestOutputKind, SamplingParams
 from ..models import explain_dtype, load_model
-from ..models.merged_projections import MergedMember
+from ..models.merged_projections import MergedMember, product_owners
 from ..models.packed_linear import PackedLinear
 from .prompts import QUESTIONS
 
@@ -130,14 +130,14 @@ def products_seconds(model: torch.nn.Module, rows: int, repeats: int = 3) -> flo
     """Seconds ``model``'s linear products take for ``rows`` rows each (a decode step of ``rows``
     sequences), every layer timed as the engine calls it (a merged group once), best of
     ``repeats`` passes over all of them."""
-    calls, groups = [], set()
-    for module in model.modules():
-        if isinstance(module, MergedMember) and module.group is not None:
-            if id(module.group) not in groups:
-                groups.add(id(module.group))
-                calls.append((module.group.product, module.in_features))
-        elif isinstance(module, PackedLinear | torch.nn.Linear):
-            calls.append((module.product if isinstance(module, PackedLinear) else module, module.in_features))
+    calls = [(owner.product, owner.weight.shape[1]) for owner in product_owners(model)]
+    calls += [
+        (m, m.in_features)
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+        and not isinstance(m, PackedLinear)
+        and not (isinstance(m, MergedMember) and m.group is not None)
+    ]  # the layers neither packed nor merged
     dtype = next(model.parameters()).dtype
     inputs = [(call, torch.randn(rows, k).to(dtype)) for call, k in calls]
     best = float("inf")
