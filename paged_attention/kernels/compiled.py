@@ -25,7 +25,13 @@ No gathered copy is ever made; decode's only scratch is one block's scores (pref
 keys, values and scores). Positions at or past ``seq_lens[s]`` are never read, so a cache holding
 NaN or garbage outside the sequences cannot leak into the result. The contract is
 :func:`.reference.paged_decode`'s: float32 arithmetic whatever the cache dtype, the result cast back
-to the query's dtype.
+to the query's dtype (on AMX, below, the softmax weights are rounded to bfloat16 for the values'
+product, the tiles' input).
+
+On a processor with AMX, bfloat16 caches take :mod:`.loop_amx` (decode, and prompts of at most one
+tile of rows) and :mod:`.loop_prompt` (longer prompts) instead, where :mod:`.tiles` says they apply:
+the same walk through the block table, the scores and the weighted values multiplied on the matrix
+tiles; each row still computed alone, the same bits from either.
 
 Why Numba, measured (SmolLM2's shapes: 9 query heads over 3 KV heads of 64, block size 16;
 64 sequences of 100-430 tokens, bfloat16, one thread, this project's 2-core machine; the kernel is
@@ -76,8 +82,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import reference
-from .quantization import FP8_DTYPES, QUANTIZED_DTYPES, StoreMap, fp8_grid, per_block, store_quantized
+from . import reference, tiles
+from .arrays import NOT_FP8 as _NOT_FP8
+from .arrays import as_numpy, fp8_format, scales
+from .quantization import QUANTIZED_DTYPES, StoreMap, per_block, store_quantized
 
 _lock = threading.Lock()
 _kernel: Callable[..., None] | None = None
@@ -100,37 +108,6 @@ def _compile() -> Callable[..., None] | None:
 def available() -> bool:
     """Whether this process can still use the compiled kernel (``False`` once compiling failed)."""
     return _failed is None
-
-
-def as_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A NumPy view of a CPU tensor (no copy); bfloat16 and fp8, which NumPy lacks, as their raw
-    bits (``uint16``, ``uint8``)."""
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(np.uint16)
-    if tensor.dtype in FP8_DTYPES:
-        return tensor.view(torch.uint8).numpy()
-    return tensor.numpy()
-
-
-_NOT_FP8 = np.zeros(2, np.int64)
-
-
-def fp8_format(dtype: torch.dtype) -> np.ndarray:
-    """An fp8 format as the kernel decodes it, ``[mantissa bits, exponent bias]`` (e4m3: 3, 7;
-    e5m2: 2, 15); any other dtype: zeros, unused."""
-    if dtype not in FP8_DTYPES:
-        return _NOT_FP8
-    mantissa, min_exp = fp8_grid(dtype)
-    return np.array([mantissa, 1 - min_exp], np.int64)
-
-
-def scales(cache: torch.Tensor, scale: torch.Tensor | None) -> np.ndarray:
-    """A cache's scales as the kernel reads them, ``[num_blocks, H_kv]`` float32: per block and head
-    as they are, or one number (fp8's, or a float cache's 1.0) repeated through strides of 0."""
-    if scale is not None and scale.dim() == 2:
-        return scale.detach().numpy()
-    one = np.array([1.0 if scale is None else float(scale)], np.float32)
-    return np.lib.stride_tricks.as_strided(one, (cache.shape[0], cache.shape[2]), (0, 0))
 
 
 def paged_decode(
@@ -156,6 +133,11 @@ def paged_decode(
         return _eager(query, key_cache, value_cache, blocks, seq_lens, scale, k_scale, v_scale)
     query = query.detach().contiguous()
     out = torch.empty_like(query)  # the kernel scales the query and rounds the result itself
+    if tiles.rows(query.dtype, query.shape[1], key_cache.shape, k_scale is not None):
+        starts = torch.arange(query.shape[0] + 1)  # one new token a sequence: a prompt of one row each
+        if paged_prefill(query, key_cache, value_cache, blocks, seq_lens, starts, None, scale, None, None,
+                         out):  # fmt: skip
+            return out
     try:
         kernel = _compile()
         assert kernel is not None
@@ -184,16 +166,17 @@ def paged_prefill(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
-    seqs: list[int],
+    seqs: list[int] | None,
     scale: float,
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
     out: torch.Tensor,
 ) -> bool:
-    """Write the rows of ``out`` of the sequences ``seqs`` (:func:`.reference.paged_prefill`'s
+    """Write the rows of ``out`` of the sequences ``seqs`` (``None``: all) (:func:`.reference.paged_prefill`'s
     contract: causal, the new tokens last; no checks: the caller validated), reading their blocks
-    in place (:func:`.loop_nest.prefill`); ``False`` (nothing written) where the loop does not
-    apply: another dtype, a strided cache, Numba unavailable."""
+    in place (:func:`.loop_amx.attend` where :mod:`.tiles` says so, else :func:`.loop_nest.prefill`);
+    ``False`` (nothing written) where the loops do not apply: another dtype, a strided cache, Numba
+    unavailable."""
     if (
         _failed is not None
         or key_cache.dtype not in (*DTYPES, *QUANTIZED_DTYPES)
@@ -201,9 +184,18 @@ def paged_prefill(
         or not (key_cache.is_contiguous() and value_cache.is_contiguous() and out.is_contiguous())
     ):
         return False
+    order = np.arange(len(seq_lens)) if seqs is None else np.array(seqs, np.int64)
+    rows = tiles.rows(query.dtype, query.shape[1], key_cache.shape, k_scale is not None)
     try:
         from .loop_nest import prefill  # imported late: importing Numba costs half a second
 
+        if rows:
+            tiles.attend(as_numpy(query.detach().contiguous()), as_numpy(key_cache.detach()),
+                         as_numpy(value_cache.detach()), block_tables.to(torch.int64).contiguous().numpy(),
+                         seq_lens.to(torch.int64).contiguous().numpy(),
+                         query_start_loc.to(torch.int64).contiguous().numpy(), order, float(scale), rows,
+                         as_numpy(out))  # fmt: skip
+            return True
         prefill(
             as_numpy(query.detach().contiguous()),
             as_numpy(key_cache.detach()),
@@ -214,7 +206,7 @@ def paged_prefill(
             block_tables.to(torch.int64).contiguous().numpy(),
             seq_lens.to(torch.int64).contiguous().numpy(),
             query_start_loc.to(torch.int64).contiguous().numpy(),
-            np.array(seqs, np.int64),
+            order,
             float(scale),
             as_numpy(out),
         )
@@ -337,6 +329,12 @@ def decode_layer(
             loop_int8.decode_layer_int8(q, k, v, step.caches, step.scales, layer, step.map_blocks,
                                         step.map_tokens, step.blocks, step.seq_lens, scale, _NOT_FP8,
                                         as_numpy(out))  # fmt: skip
+        elif tiles.rows(query.dtype, query.shape[1], step.caches.shape):
+            from .loop_amx import decode_layer as tiled
+
+            record = tiles.record(query.shape[1] // step.caches.shape[4])
+            tiled(q, k, v, step.caches, layer, step.slots, step.blocks, step.seq_lens, scale, record,
+                  as_numpy(out))  # fmt: skip
         else:
             ones = np.lib.stride_tricks.as_strided(_ONE, step.caches.shape[2:5:2], (0, 0))
             loop_nest.decode_layer(q, k, v, step.caches, layer, step.slots, step.blocks, step.seq_lens, scale,

@@ -1,0 +1,185 @@
+"""Intel AMX from Numba: the tile instructions as intrinsics, and whether this process may use them.
+
+AMX (Advanced Matrix Extensions, Xeon since Sapphire Rapids) adds eight *tile* registers of up
+to 16 rows of 64 bytes and one instruction that multiplies them, ``tdpbf16ps``:
+``C[M, N] += A[M, K] . B[K, N]`` with ``A`` and ``B`` bfloat16 and ``C`` float32, where ``B`` is
+stored in pairs ("VNNI" layout): row ``r`` of the ``B`` tile holds, for each column ``n``, the two
+values ``B[2r, n]`` and ``B[2r + 1, n]`` side by side (one 32-bit word). With ``K = 32`` that is
+16 x 16 x 32 multiply-adds in one instruction, the work of 32 AVX-512 fused multiply-adds.
+
+The tiles' shapes are set once per function by ``ldtilecfg`` from a 64-byte record
+(:func:`config`); ``tilerelease`` gives the registers back. Linux hands the tile state to a
+process only after it asks (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``,
+:func:`permitted`); without that, the first tile instruction is an illegal instruction.
+
+The intrinsics name their tile registers by number, fixed when they are made (the instruction
+encodes them): :func:`load`, :func:`store`, :func:`zero` and :func:`dot` make one intrinsic per
+register (or triple). :func:`interleave32` writes two rows of 32 bfloat16 as 32 pairs, the
+``B`` layout, with one vector shuffle (:mod:`.loop_amx` uses it for the values).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import platform
+import sys
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+_I8, _I64, _VOID = ir.IntType(8), ir.IntType(64), ir.VoidType()
+_BYTES = ir.IntType(8).as_pointer()
+
+
+def _address(context, builder, array_type, array, offset):
+    """The address of element ``offset`` (flat, C order) of a Numba array, as ``i8*``."""
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.bitcast(builder.gep(data, [offset]), _BYTES)
+
+
+def _call(builder, name, argument_types, arguments):
+    function = builder.module.declare_intrinsic(name, (), ir.FunctionType(_VOID, argument_types))
+    builder.call(function, arguments)
+
+
+@intrinsic
+def configure(typingctx, record):
+    """``ldtilecfg``: the tiles' shapes from a 64-byte ``uint8`` record (:func:`config`)."""
+
+    def codegen(context, builder, signature, args):
+        address = _address(context, builder, signature.args[0], args[0], _I64(0))
+        _call(builder, "llvm.x86.ldtilecfg", [_BYTES], [address])
+        return context.get_dummy_value()
+
+    return types.void(record), codegen
+
+
+@intrinsic
+def release(typingctx):
+    """``tilerelease``: the tile registers back to their initial state."""
+
+    def codegen(context, builder, signature, args):
+        _call(builder, "llvm.x86.tilerelease", [], [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+def load(tile: int):
+    """An intrinsic ``(array, offset, stride)``: tile register ``tile`` from the rows that start at
+    element ``offset`` of ``array``, ``stride`` bytes apart (``tileloadd``)."""
+
+    @intrinsic
+    def load_tile(typingctx, array, offset, stride):
+        def codegen(context, builder, signature, args):
+            address = _address(context, builder, signature.args[0], args[0], args[1])
+            _call(builder, "llvm.x86.tileloadd64", [_I8, _BYTES, _I64], [_I8(tile), address, args[2]])
+            return context.get_dummy_value()
+
+        return types.void(array, types.int64, types.int64), codegen
+
+    return load_tile
+
+
+def store(tile: int):
+    """An intrinsic ``(array, offset, stride)``: tile register ``tile`` into rows of ``array``
+    (``tilestored``), as :func:`load` reads them."""
+
+    @intrinsic
+    def store_tile(typingctx, array, offset, stride):
+        def codegen(context, builder, signature, args):
+            address = _address(context, builder, signature.args[0], args[0], args[1])
+            _call(builder, "llvm.x86.tilestored64", [_I8, _BYTES, _I64], [_I8(tile), address, args[2]])
+            return context.get_dummy_value()
+
+        return types.void(array, types.int64, types.int64), codegen
+
+    return store_tile
+
+
+def zero(tile: int):
+    """An intrinsic ``()``: tile register ``tile`` set to zeros (``tilezero``)."""
+
+    @intrinsic
+    def zero_tile(typingctx):
+        def codegen(context, builder, signature, args):
+            _call(builder, "llvm.x86.tilezero", [_I8], [_I8(tile)])
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    return zero_tile
+
+
+def dot(c: int, a: int, b: int):
+    """An intrinsic ``()``: ``tile[c] += tile[a] . tile[b]``, bfloat16 pairs into float32 (``tdpbf16ps``)."""
+
+    @intrinsic
+    def dot_tiles(typingctx):
+        def codegen(context, builder, signature, args):
+            _call(builder, "llvm.x86.tdpbf16ps", [_I8, _I8, _I8], [_I8(c), _I8(a), _I8(b)])
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    return dot_tiles
+
+
+@intrinsic
+def interleave32(typingctx, pairs, at, rows, first, second):
+    """``pairs[at + k] = rows[first + k] | rows[second + k] << 16`` for ``k < 32``: two rows of
+    bfloat16 bits (``uint16``) as 32 words of ``uint32`` pairs, one shuffle instead of 32 scalar steps."""
+
+    def codegen(context, builder, signature, args):
+        half, whole = ir.VectorType(ir.IntType(16), 32), ir.VectorType(ir.IntType(16), 64)
+        source = context.make_array(signature.args[2])(context, builder, args[2]).data
+        one = builder.load(builder.bitcast(builder.gep(source, [args[3]]), half.as_pointer()), align=2)
+        two = builder.load(builder.bitcast(builder.gep(source, [args[4]]), half.as_pointer()), align=2)
+        order = ir.Constant(ir.VectorType(ir.IntType(32), 64), [i for k in range(32) for i in (k, 32 + k)])
+        target = context.make_array(signature.args[0])(context, builder, args[0]).data
+        address = builder.bitcast(builder.gep(target, [args[1]]), whole.as_pointer())
+        builder.store(builder.shuffle_vector(one, two, order), address, align=4)
+        return context.get_dummy_value()
+
+    return types.void(pairs, types.int64, rows, types.int64, types.int64), codegen
+
+
+def config(shapes: dict[int, tuple[int, int]]) -> np.ndarray:
+    """The 64-byte ``ldtilecfg`` record for ``{tile: (rows, bytes per row)}``: palette 1, each
+    used tile's row count and row width (tiles not named stay unused)."""
+    record = np.zeros(64, np.uint8)
+    record[0] = 1  # palette 1: eight tiles of up to 16 rows of 64 bytes
+    for tile, (rows, width) in shapes.items():
+        if not (0 < rows <= 16 and 0 < width <= 64 and 0 <= tile < 8):
+            raise ValueError(f"tile {tile}: {rows} rows of {width} bytes; allowed: 1-16 rows of 1-64 bytes")
+        record[16 + 2 * tile : 18 + 2 * tile] = np.frombuffer(np.uint16(width).tobytes(), np.uint8)
+        record[48 + tile] = rows
+    return record
+
+
+@functools.cache
+def permitted() -> bool:
+    """Whether this process may use the tiles: the processor has AMX-BF16 (as LLVM, which Numba
+    compiles for, sees it), Numba targets this processor, and Linux granted the tile state
+    (asked once). ``PAGED_ATTENTION_AMX=0`` in the environment says no (to compare the two paths)."""
+    if os.environ.get("PAGED_ATTENTION_AMX", "1") == "0":
+        return False
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    if os.environ.get("NUMBA_CPU_NAME") or os.environ.get("NUMBA_CPU_FEATURES"):
+        return False  # Numba compiles for another processor than this one
+    try:
+        import llvmlite.binding as llvm
+
+        features = llvm.get_host_cpu_features()
+        if not (features.get("amx-bf16") and features.get("amx-tile")):
+            return False
+        libc = ctypes.CDLL(None, use_errno=True)
+        # arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): system call 158 on x86-64
+        return libc.syscall(158, 0x1023, 18) == 0
+    except (OSError, AttributeError, RuntimeError):
+        return False

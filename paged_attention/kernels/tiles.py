@@ -1,0 +1,56 @@
+"""Which attention calls take the AMX loops (:mod:`.loop_amx`), and their tile records.
+
+A call takes them when the processor has AMX and this process may use it (:func:`.amx.permitted`),
+the query and the cache are bfloat16 (the tiles multiply bfloat16 only; 8-bit and float32 caches
+keep :mod:`.loop_nest`), the block size is a multiple of 16 (a tile of 16 positions never crosses
+a block), the head size a multiple of 32 (a key tile holds 32 dimensions) and one KV head's group
+of query heads fits a tile's 16 columns.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+
+def rows(dtype: torch.dtype, heads: int, shape: tuple[int, ...], quantized: bool = False) -> int:
+    """Query rows a tile of :func:`.loop_amx.attend` takes for a ``dtype`` query and cache of
+    ``shape`` (``[num_blocks, block_size, H_kv, D]``) and ``heads`` query heads; 0 where the AMX
+    loops do not apply."""
+    block_size, kv_heads, head_dim = shape[-3], shape[-2], shape[-1]
+    group = heads // kv_heads
+    if dtype != torch.bfloat16 or quantized or block_size % 16 or head_dim % 32 or group > 16:
+        return 0
+    from . import amx  # imported late: importing Numba costs half a second
+
+    return 16 // group if amx.permitted() else 0
+
+
+@functools.cache
+def record(columns: int, kernel: str = "attend") -> np.ndarray:
+    """The tile shapes for ``columns`` query heads a tile of ``kernel`` (``"attend"``:
+    :func:`.loop_amx.shapes`; ``"prompt"``: :func:`.loop_prompt.shapes`), made once."""
+    from . import loop_amx, loop_prompt
+
+    return (loop_amx if kernel == "attend" else loop_prompt).shapes(columns)
+
+
+def attend(query, key_cache, value_cache, blocks, seq_lens, starts, seqs, scale, rows, out) -> None:
+    """Causal attention of the sequences ``seqs`` (NumPy arrays as :func:`.loop_amx.attend` takes
+    them): those with more new tokens than one tile's ``rows`` by :func:`.loop_prompt.prompt` (their
+    keys and values laid out for the tiles once, then read by every tile), the others by
+    :func:`.loop_amx.attend` (the cache read as it lies). A row gets the same bits from either."""
+    from .loop_amx import attend as direct
+    from .loop_prompt import prompt
+
+    columns = rows * (query.shape[1] // key_cache.shape[2])
+    counts = starts[seqs + 1] - starts[seqs]
+    short, long = seqs[counts <= rows], seqs[counts > rows]
+    if len(short):
+        direct(query, key_cache, value_cache, blocks, seq_lens, starts, short, scale, rows,
+               record(columns), out)  # fmt: skip
+    if len(long):
+        prompt(query, key_cache.view(np.uint32), value_cache, blocks, seq_lens, starts, long, scale, rows,
+               record(columns, "prompt"), out)  # fmt: skip
