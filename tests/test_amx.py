@@ -33,7 +33,7 @@ def test_the_tile_record_names_each_tiles_rows_and_width_and_refuses_what_a_tile
 def test_amx_can_be_switched_off_from_the_environment():
     env = {**os.environ, "PAGED_ATTENTION_AMX": "0"}
     code = "from paged_attention.kernels import amx, tiles; import torch; "
-    code += "print(amx.permitted(), tiles.rows(torch.bfloat16, 9, (4, 16, 3, 64)))"
+    code += "print(amx.permitted(), tiles.rows(torch.bfloat16, torch.bfloat16, 9, (4, 16, 3, 64)))"
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["False", "0"]
 
@@ -41,17 +41,18 @@ def test_amx_can_be_switched_off_from_the_environment():
 @needs_amx
 def test_tiles_take_bfloat16_caches_whose_blocks_heads_and_groups_fit_a_tile():
     bf16 = torch.bfloat16
-    assert tiles.rows(bf16, 9, (4, 16, 3, 64)) == 5  # SmolLM2: 3 query heads a KV head, 5 rows of them
-    assert tiles.rows(bf16, 16, (4, 32, 1, 128)) == 1  # MQA with 16 heads: one row fills the tile
-    assert tiles.rows(bf16, 8, (4, 16, 8, 64)) == 16
-    for dtype, heads, shape, quantized in [
-        (torch.float32, 9, (4, 16, 3, 64), False),  # the tiles multiply bfloat16 only
-        (bf16, 9, (4, 8, 3, 64), False),  # a tile of 16 positions would cross a block
-        (bf16, 9, (4, 16, 3, 80), False),  # a key tile holds 32 dimensions
-        (bf16, 32, (4, 16, 1, 64), False),  # 32 query heads do not fit 16 columns
-        (bf16, 9, (4, 16, 3, 64), True),  # scaled (8-bit) caches keep the loop nest
+    assert tiles.rows(bf16, bf16, 9, (4, 16, 3, 64)) == 5  # SmolLM2: 3 query heads a KV head, 5 rows of them
+    assert tiles.rows(bf16, bf16, 16, (4, 32, 1, 128)) == 1  # MQA with 16 heads: one row fills the tile
+    assert tiles.rows(bf16, bf16, 8, (4, 16, 8, 64)) == 16
+    for dtype, cache, heads, shape, quantized in [
+        (torch.float32, torch.float32, 9, (4, 16, 3, 64), False),  # the tiles multiply bfloat16 only
+        (bf16, torch.float8_e4m3fn, 9, (4, 16, 3, 64), False),  # an 8-bit cache, even without scales
+        (bf16, bf16, 9, (4, 8, 3, 64), False),  # a tile of 16 positions would cross a block
+        (bf16, bf16, 9, (4, 16, 3, 80), False),  # a key tile holds 32 dimensions
+        (bf16, bf16, 32, (4, 16, 1, 64), False),  # 32 query heads do not fit 16 columns
+        (bf16, bf16, 9, (4, 16, 3, 64), True),  # scaled (8-bit) caches keep the loop nest
     ]:
-        assert tiles.rows(dtype, heads, shape, quantized) == 0
+        assert tiles.rows(dtype, cache, heads, shape, quantized) == 0
 
 
 CASES = [((9, 3), 64, 16), ((8, 8), 64, 32), ((16, 1), 128, 16), ((8, 2), 96, 64)]

@@ -25,6 +25,7 @@ import functools
 import os
 import platform
 import sys
+import warnings
 
 import numpy as np
 from llvmlite import ir
@@ -180,6 +181,11 @@ def permitted() -> bool:
             return False
         libc = ctypes.CDLL(None, use_errno=True)
         # arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): system call 158 on x86-64
-        return libc.syscall(158, 0x1023, 18) == 0
-    except (OSError, AttributeError, RuntimeError):
-        return False
+        if libc.syscall(158, 0x1023, 18) == 0:
+            return True
+        reason = os.strerror(ctypes.get_errno())
+    except (OSError, AttributeError, RuntimeError) as error:
+        reason = str(error)
+    warnings.warn(f"this processor has AMX but Linux did not grant its tiles ({reason}); bfloat16 attention "
+                  "takes the vector loops instead", RuntimeWarning, stacklevel=2)  # fmt: skip
+    return False

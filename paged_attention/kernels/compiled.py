@@ -22,8 +22,9 @@ one call, on NumPy views of every layer's caches made once per step (:class:`Dec
 step of one sequence then costs ~40 us a layer instead of ~60.
 
 No gathered copy is ever made; decode's only scratch is one block's scores (prefill's: one tile of
-keys, values and scores). Positions at or past ``seq_lens[s]`` are never read, so a cache holding
-NaN or garbage outside the sequences cannot leak into the result. The contract is
+keys, values and scores). Positions at or past ``seq_lens[s]`` are never read (the AMX loops below
+load tiles of 16 positions within one block and drop those past the sequence before the softmax), so
+a cache holding NaN or garbage outside the sequences cannot leak into the result. The contract is
 :func:`.reference.paged_decode`'s: float32 arithmetic whatever the cache dtype, the result cast back
 to the query's dtype (on AMX, below, the softmax weights are rounded to bfloat16 for the values'
 product, the tiles' input).
@@ -133,7 +134,7 @@ def paged_decode(
         return _eager(query, key_cache, value_cache, blocks, seq_lens, scale, k_scale, v_scale)
     query = query.detach().contiguous()
     out = torch.empty_like(query)  # the kernel scales the query and rounds the result itself
-    if tiles.rows(query.dtype, query.shape[1], key_cache.shape, k_scale is not None):
+    if tiles.rows(query.dtype, key_cache.dtype, query.shape[1], key_cache.shape, k_scale is not None):
         starts = torch.arange(query.shape[0] + 1)  # one new token a sequence: a prompt of one row each
         if paged_prefill(query, key_cache, value_cache, blocks, seq_lens, starts, None, scale, None, None,
                          out):  # fmt: skip
@@ -185,7 +186,7 @@ def paged_prefill(
     ):
         return False
     order = np.arange(len(seq_lens)) if seqs is None else np.array(seqs, np.int64)
-    rows = tiles.rows(query.dtype, query.shape[1], key_cache.shape, k_scale is not None)
+    rows = tiles.rows(query.dtype, key_cache.dtype, query.shape[1], key_cache.shape, k_scale is not None)
     try:
         from .loop_nest import prefill  # imported late: importing Numba costs half a second
 
@@ -329,7 +330,7 @@ def decode_layer(
             loop_int8.decode_layer_int8(q, k, v, step.caches, step.scales, layer, step.map_blocks,
                                         step.map_tokens, step.blocks, step.seq_lens, scale, _NOT_FP8,
                                         as_numpy(out))  # fmt: skip
-        elif tiles.rows(query.dtype, query.shape[1], step.caches.shape):
+        elif tiles.rows(query.dtype, step.dtype, query.shape[1], step.caches.shape):
             from .loop_amx import decode_layer as tiled
 
             record = tiles.record(query.shape[1] // step.caches.shape[4])

@@ -36,6 +36,7 @@ from .loop_nest import narrow_bits, stamp
 
 stamp(Path(__file__))
 stamp(Path(__file__), Path(amx.__file__))  # the intrinsics are compiled into these loops too
+stamp(Path(__file__), Path(__file__).with_name("loop_amx.py"))  # and soften, shared with decode
 
 _load_query, _load_query2, _load_key, _load_key2 = amx.load(1), amx.load(2), amx.load(3), amx.load(4)
 _load_weights, _load_values, _load_acc = amx.load(5), amx.load(6), amx.load(7)

@@ -15,13 +15,16 @@ import numpy as np
 import torch
 
 
-def rows(dtype: torch.dtype, heads: int, shape: tuple[int, ...], quantized: bool = False) -> int:
-    """Query rows a tile of :func:`.loop_amx.attend` takes for a ``dtype`` query and cache of
-    ``shape`` (``[num_blocks, block_size, H_kv, D]``) and ``heads`` query heads; 0 where the AMX
-    loops do not apply."""
+def rows(
+    dtype: torch.dtype, cache_dtype: torch.dtype, heads: int, shape: tuple[int, ...], quantized: bool = False
+) -> int:
+    """Query rows a tile of :func:`.loop_amx.attend` takes for a ``dtype`` query of ``heads`` heads
+    and a ``cache_dtype`` cache of ``shape`` (``[..., block_size, H_kv, D]``), ``quantized``: read
+    with scales; 0 where the AMX loops do not apply."""
     block_size, kv_heads, head_dim = shape[-3], shape[-2], shape[-1]
     group = heads // kv_heads
-    if dtype != torch.bfloat16 or quantized or block_size % 16 or head_dim % 32 or group > 16:
+    bfloat16 = dtype == cache_dtype == torch.bfloat16
+    if not bfloat16 or quantized or block_size % 16 or head_dim % 32 or group > 16:
         return 0
     from . import amx  # imported late: importing Numba costs half a second
 
@@ -45,12 +48,13 @@ def attend(query, key_cache, value_cache, blocks, seq_lens, starts, seqs, scale,
     from .loop_amx import attend as direct
     from .loop_prompt import prompt
 
-    columns = rows * (query.shape[1] // key_cache.shape[2])
+    group = query.shape[1] // key_cache.shape[2]
     counts = starts[seqs + 1] - starts[seqs]
     short, long = seqs[counts <= rows], seqs[counts > rows]
-    if len(short):
-        direct(query, key_cache, value_cache, blocks, seq_lens, starts, short, scale, rows,
-               record(columns), out)  # fmt: skip
+    if len(short):  # as many rows a tile as the longest of them needs (decode: 1), no idle columns
+        few = int(counts[counts <= rows].max())
+        direct(query, key_cache, value_cache, blocks, seq_lens, starts, short, scale, few,
+               record(few * group), out)  # fmt: skip
     if len(long):
         prompt(query, key_cache.view(np.uint32), value_cache, blocks, seq_lens, starts, long, scale, rows,
-               record(columns, "prompt"), out)  # fmt: skip
+               record(rows * group, "prompt"), out)  # fmt: skip
