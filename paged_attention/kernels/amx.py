@@ -70,36 +70,33 @@ def release(typingctx):
     return types.void(), codegen
 
 
-def load(tile: int):
-    """An intrinsic ``(array, offset, stride)``: tile register ``tile`` from the rows that start at
-    element ``offset`` of ``array``, ``stride`` bytes apart (``tileloadd``)."""
+def _memory(tile: int, name: str):
+    """An intrinsic ``(array, offset, stride)`` that moves tile register ``tile`` to or from the
+    rows that start at element ``offset`` of ``array``, ``stride`` bytes apart (``name``: the LLVM
+    intrinsic)."""
 
     @intrinsic
-    def load_tile(typingctx, array, offset, stride):
+    def move_tile(typingctx, array, offset, stride):
         def codegen(context, builder, signature, args):
             address = _address(context, builder, signature.args[0], args[0], args[1])
-            _call(builder, "llvm.x86.tileloadd64", [_I8, _BYTES, _I64], [_I8(tile), address, args[2]])
+            _call(builder, name, [_I8, _BYTES, _I64], [_I8(tile), address, args[2]])
             return context.get_dummy_value()
 
         return types.void(array, types.int64, types.int64), codegen
 
-    return load_tile
+    return move_tile
+
+
+def load(tile: int):
+    """An intrinsic ``(array, offset, stride)``: tile register ``tile`` from the rows that start at
+    element ``offset`` of ``array``, ``stride`` bytes apart (``tileloadd``)."""
+    return _memory(tile, "llvm.x86.tileloadd64")
 
 
 def store(tile: int):
     """An intrinsic ``(array, offset, stride)``: tile register ``tile`` into rows of ``array``
     (``tilestored``), as :func:`load` reads them."""
-
-    @intrinsic
-    def store_tile(typingctx, array, offset, stride):
-        def codegen(context, builder, signature, args):
-            address = _address(context, builder, signature.args[0], args[0], args[1])
-            _call(builder, "llvm.x86.tilestored64", [_I8, _BYTES, _I64], [_I8(tile), address, args[2]])
-            return context.get_dummy_value()
-
-        return types.void(array, types.int64, types.int64), codegen
-
-    return store_tile
+    return _memory(tile, "llvm.x86.tilestored64")
 
 
 def zero(tile: int):

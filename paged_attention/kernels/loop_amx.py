@@ -120,6 +120,26 @@ def soften(seen, visible, best, total, c, weights, acc, part):
             acc[d] *= rescale
 
 
+@njit(inline="always")
+def begin(acc, best, total):
+    """A tile of rows starts its sweep: nothing summed, every running maximum below any score."""
+    acc[:] = 0.0
+    best[:] = np.float32(-1e30)  # finite: fast-math assumes no infinities
+    total[:] = 0.0
+
+
+@njit(inline="always")
+def finish(acc, total, out, first, used, group):
+    """A tile's ``used`` rows (``out[first:first + used]``) written: each column's accumulator over
+    its sum, rounded to bfloat16; column ``c`` is row ``c // group``, query head ``h * group + c % group``."""
+    for c in range(used * group):
+        for h in range(acc.shape[0]):
+            inverse = np.float32(1.0) / total[h, c]
+            a, o = acc[h, c], out[first + c // group, h * group + c % group]
+            for d in range(acc.shape[2]):
+                o[d] = narrow_bits(a[d] * inverse)
+
+
 @njit(fastmath=True, cache=True, boundscheck=False, nogil=True, error_model="numpy")
 def attend(
     query, key_cache, value_cache, blocks, seq_lens, starts, seqs, scale, rows, record, out
@@ -167,9 +187,7 @@ def attend(
                             for p in range(16):
                                 d = step * 32 + 2 * p
                                 pairs[h, step, p, c] = np.uint32(q[d]) | np.uint32(q[d + 1]) << np.uint32(16)
-            acc[:] = 0.0
-            best[:] = np.float32(-1e30)  # finite: fast-math assumes no infinities
-            total[:] = 0.0
+            begin(acc, best, total)
             for base in range(0, last + 1, CHUNK):
                 size = min(CHUNK, last + 1 - base)
                 for half in range(2):
@@ -240,12 +258,7 @@ def attend(
                         _load_acc(acc, h * columns * head_dim + d, head_dim * 4)
                         _weigh()
                         _store_acc(acc, h * columns * head_dim + d, head_dim * 4)
-            for c in range(used * group):
-                for h in range(num_kv_heads):
-                    inverse = np.float32(1.0) / total[h, c]
-                    a, o = acc[h, c], out[first + r0 + c // group, h * group + c % group]
-                    for d in range(head_dim):
-                        o[d] = narrow_bits(a[d] * inverse)
+            finish(acc, total, out, first + r0, used, group)
     amx.release()
 
 
