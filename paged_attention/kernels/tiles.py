@@ -43,7 +43,7 @@ def record(columns: int, kernel: str = "attend") -> np.ndarray:
 def attend(query, key_cache, value_cache, blocks, seq_lens, starts, seqs, scale, rows, out) -> None:
     """Causal attention of the sequences ``seqs`` (NumPy arrays as :func:`.loop_amx.attend` takes
     them): those with more new tokens than one tile's ``rows`` by :func:`.loop_prompt.prompt` (their
-    keys and values laid out for the tiles once, then read by every tile), the others by
+    values laid out for the tiles once, then read by every tile), the others by
     :func:`.loop_amx.attend` (the cache read as it lies). A row gets the same bits from either."""
     from .loop_amx import attend as direct
     from .loop_prompt import prompt
@@ -56,5 +56,5 @@ def attend(query, key_cache, value_cache, blocks, seq_lens, starts, seqs, scale,
         direct(query, key_cache, value_cache, blocks, seq_lens, starts, short, scale, few,
                record(few * group), out)  # fmt: skip
     if len(long):
-        prompt(query, key_cache.view(np.uint32), value_cache, blocks, seq_lens, starts, long, scale, rows,
+        prompt(query, key_cache, value_cache, blocks, seq_lens, starts, long, scale, rows,
                record(rows * group, "prompt"), out)  # fmt: skip

@@ -1,0 +1,256 @@
+"""Sixteen float32 lanes (one AVX-512 register) as a Numba value, for code that works on 16
+columns at once (:func:`.loop_amx.soften`).
+
+Numba leaves vectorizing to LLVM, which vectorizes a loop only when it can prove its arrays do not
+overlap. A loop over 16 columns inside a loop over 32 positions is unrolled first, and then stays
+scalar: 16 times the instructions (measured: a chunk's softmax 1.1 us instead of about 0.1). These
+intrinsics say the vector code outright: ``Lanes`` is LLVM's ``<16 x float>``, held in a register,
+and every operation is one vector instruction (or a short fixed sequence of them).
+
+* :func:`load`, :func:`store`: 16 consecutive float32 of an array, from or to element ``offset``;
+* :func:`splat`: one float32 in every lane; ``+``, ``-`` and ``*`` lane by lane; :func:`maximum`;
+* :func:`power2`: ``2**x`` for ``x <= 0`` (softmax weights, as ``2**((s - max) log2(e))``);
+* :func:`rounded`: to bfloat16's precision, nearest even (finite values);
+* :func:`keep`: ``x`` where ``t < limits[c]`` (``limits``: 16 ``int32``), ``fill`` elsewhere;
+* :func:`store_bits`: the lanes' top halves (bfloat16 bits of rounded values) as 16 ``uint16``;
+* :func:`store_pairs`: two rounded rows as 16 ``uint32`` pairs (``B``'s layout, :mod:`.amx`);
+* :func:`aligned`: scratch arrays that start on a 64-byte line.
+
+No instruction may be reordered or fused (:data:`_EXACT`), even inside a fast-math function, so
+the same code gives the same bits wherever it is inlined.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, overload, register_model
+
+#: Lanes in one value: float32 columns in a 512-bit register.
+LANES = 16
+
+_FLOAT, _WORD, _HALF = ir.FloatType(), ir.IntType(32), ir.IntType(16)
+_VECTOR, _WORDS = ir.VectorType(_FLOAT, LANES), ir.VectorType(_WORD, LANES)
+
+
+class Lanes(types.Type):
+    """The Numba type of 16 float32 lanes."""
+
+    def __init__(self) -> None:
+        super().__init__(name="Lanes")
+
+
+lanes = Lanes()
+
+
+@register_model(Lanes)
+class _Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VECTOR)
+
+
+def _pointer(context, builder, signature, args, kind):
+    """``&array[offset]`` (flat, C order) as a pointer to ``kind``, for an intrinsic's first two
+    arguments ``(array, offset)``."""
+    data = context.make_array(signature.args[0])(context, builder, args[0]).data
+    offset = context.cast(builder, args[1], signature.args[1], types.intp)
+    return builder.bitcast(builder.gep(data, [offset]), kind.as_pointer())
+
+
+def _splat(value, kind=_VECTOR):
+    return ir.Constant(kind, [value] * LANES)
+
+
+@intrinsic
+def load(typingctx, array, offset):
+    """Lanes from ``array[offset : offset + 16]`` (float32)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.load(_pointer(context, builder, signature, args, _VECTOR), align=4)
+
+    return lanes(array, offset), codegen
+
+
+@intrinsic
+def store(typingctx, array, offset, x):
+    """``array[offset : offset + 16] = x`` (float32)."""
+
+    def codegen(context, builder, signature, args):
+        builder.store(args[2], _pointer(context, builder, signature, args, _VECTOR), align=4)
+        return context.get_dummy_value()
+
+    return types.void(array, offset, lanes), codegen
+
+
+@intrinsic
+def splat(typingctx, value):
+    """``value`` (float32) in every lane."""
+
+    def codegen(context, builder, signature, args):
+        scalar = context.cast(builder, args[0], signature.args[0], types.float32)
+        one = builder.insert_element(ir.Constant(_VECTOR, ir.Undefined), scalar, _WORD(0))
+        return builder.shuffle_vector(one, one, _splat(0, _WORDS))
+
+    if isinstance(value, (types.Float, types.Integer)):
+        return lanes(value), codegen
+
+
+def _binary(name: str):
+    @intrinsic
+    def apply(typingctx, a, b):
+        def codegen(context, builder, signature, args):
+            return _op(builder, name, *args)
+
+        return lanes(lanes, lanes), codegen
+
+    return apply
+
+
+_add, _sub, _mul = _binary("fadd"), _binary("fsub"), _binary("fmul")
+
+
+def _operator(op, function):
+    @overload(op)
+    def lanewise(a, b):
+        if isinstance(a, Lanes) and isinstance(b, Lanes):
+            return lambda a, b: function(a, b)
+
+
+for _op, _function in ((operator.add, _add), (operator.sub, _sub), (operator.mul, _mul)):
+    _operator(_op, _function)
+
+
+#: Every float instruction here carries this flag (signed zeros may be ignored: no value here
+#: depends on a zero's sign), so that Numba's fast-math pass, which flags only instructions that
+#: have none, leaves them as written: no reordering, no fused multiply-adds.
+_EXACT = ("nsz",)
+
+
+def _op(builder, name: str, a, b):
+    """``builder.<name>(a, b)`` (``fadd``, ``fsub``, ``fmul``) with :data:`_EXACT`."""
+    return getattr(builder, name)(a, b, flags=_EXACT)
+
+
+def _max(builder, a, b):
+    return builder.select(builder.fcmp_ordered(">", a, b, flags=_EXACT), a, b)
+
+
+def _min(builder, a, b):
+    return builder.select(builder.fcmp_ordered("<", a, b, flags=_EXACT), a, b)
+
+
+@intrinsic
+def maximum(typingctx, a, b):
+    """The larger of ``a`` and ``b`` in each lane."""
+
+    def codegen(context, builder, signature, args):
+        return _max(builder, *args)
+
+    return lanes(lanes, lanes), codegen
+
+
+#: ``2**f = e**(f ln 2)``'s Taylor coefficients ``(ln 2)**k / k!``, highest first: on ``|f| <= 1/2``
+#: the first term left out is below ``1.3e-7``, float32's own precision.
+_POWER2 = tuple(math.log(2) ** k / math.factorial(k) for k in range(6, -1, -1))
+
+
+def _call(builder, name: str, *args):
+    """LLVM's ``name`` intrinsic on 16 float32 lanes (``llvm.fma``, ``llvm.rint``)."""
+    kind = ir.FunctionType(_VECTOR, [_VECTOR] * len(args))
+    return builder.call(cgutils.get_or_insert_function(builder.module, kind, name + ".v16f32"), args)
+
+
+@intrinsic
+def power2(typingctx, x):
+    """``2**x`` in each lane, for ``x <= 0`` (below -126, as at -126: the least normal float32):
+    ``x = n + f`` with ``n`` the nearest integer and ``|f| <= 1/2``; ``2**f`` by :data:`_POWER2`'s
+    polynomial in fused multiply-adds, ``2**n`` written into the exponent's bits."""
+
+    def codegen(context, builder, signature, args):
+        x = _max(builder, args[0], _splat(-126.0))
+        n = _call(builder, "llvm.rint", x)
+        f = _op(builder, "fsub", x, n)
+        p = _splat(_POWER2[0])
+        for c in _POWER2[1:]:
+            p = _call(builder, "llvm.fma", p, f, _splat(c))
+        power = builder.shl(builder.add(builder.fptosi(n, _WORDS), _splat(127, _WORDS)), _splat(23, _WORDS))
+        return _op(builder, "fmul", p, builder.bitcast(power, _VECTOR))
+
+    return lanes(lanes), codegen
+
+
+@intrinsic
+def rounded(typingctx, x):
+    """Each lane rounded to bfloat16's precision (its low 16 bits cleared), to nearest, ties to even."""
+
+    def codegen(context, builder, signature, args):
+        bits = builder.bitcast(args[0], _WORDS)
+        odd = builder.and_(builder.lshr(bits, _splat(16, _WORDS)), _splat(1, _WORDS))
+        bits = builder.add(builder.add(bits, odd), _splat(0x7FFF, _WORDS))
+        return builder.bitcast(builder.and_(bits, _splat(-0x10000, _WORDS)), _VECTOR)
+
+    return lanes(lanes), codegen
+
+
+@intrinsic
+def keep(typingctx, x, limits, t, fill):
+    """``x`` in the lanes ``c`` where ``t < limits[c]`` (``limits``: 16 ``int32``), ``fill`` elsewhere."""
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[1])(context, builder, args[1]).data
+        bounds = builder.load(builder.bitcast(data, _WORDS.as_pointer()), align=4)
+        at = builder.trunc(context.cast(builder, args[2], signature.args[2], types.int64), _WORD)
+        one = builder.insert_element(ir.Constant(_WORDS, ir.Undefined), at, _WORD(0))
+        below = builder.icmp_signed("<", builder.shuffle_vector(one, one, _splat(0, _WORDS)), bounds)
+        return builder.select(below, args[0], args[3])
+
+    return lanes(lanes, limits, t, lanes), codegen
+
+
+@intrinsic
+def store_bits(typingctx, array, offset, x):
+    """``array[offset : offset + 16]`` (``uint16``) = each lane's top 16 bits: the bfloat16 bits of
+    a :func:`rounded` value."""
+
+    def codegen(context, builder, signature, args):
+        top = builder.trunc(builder.lshr(builder.bitcast(args[2], _WORDS), _splat(16, _WORDS)),
+                            ir.VectorType(_HALF, LANES))  # fmt: skip
+        address = _pointer(context, builder, signature, args, top.type)
+        builder.store(top, address, align=2)
+        return context.get_dummy_value()
+
+    return types.void(array, offset, lanes), codegen
+
+
+@intrinsic
+def store_pairs(typingctx, array, offset, even, odd):
+    """``array[offset : offset + 16]`` (``uint32``) = lane by lane, ``even``'s bfloat16 bits in the
+    low half and ``odd``'s in the high half (both :func:`rounded`): a row of a ``B`` tile."""
+
+    def codegen(context, builder, signature, args):
+        low = builder.lshr(builder.bitcast(args[2], _WORDS), _splat(16, _WORDS))
+        high = builder.and_(builder.bitcast(args[3], _WORDS), _splat(-0x10000, _WORDS))
+        address = _pointer(context, builder, signature, args, _WORDS)
+        builder.store(builder.or_(low, high), address, align=4)
+        return context.get_dummy_value()
+
+    return types.void(array, offset, lanes, lanes), codegen
+
+
+@njit(inline="always")
+def aligned(shape, kind):
+    """Zeros of ``shape`` (a tuple) and element type ``kind``, starting on a 64-byte line: Numba's
+    own arrays start 32 bytes into one, so every 64-byte vector or tile row read from them would
+    span two lines."""
+    size = 1
+    for n in shape:
+        size *= n
+    width = np.empty(0, kind).itemsize
+    raw = np.zeros(size * width + 64, np.uint8)
+    skip = (-raw.ctypes.data) % 64
+    return raw[skip : skip + size * width].view(kind).reshape(shape)

@@ -1,0 +1,90 @@
+"""The 16-lane vector values of :mod:`paged_attention.kernels.lanes`: each operation lane by lane
+against NumPy (and torch's bfloat16 rounding), exact even inside a fast-math function, and scratch
+arrays that start on a 64-byte line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+lanes = pytest.importorskip("paged_attention.kernels.lanes")
+numba = pytest.importorskip("numba")
+
+
+@numba.njit(boundscheck=False)
+def _apply(a, b, limits, t, out, bits, pairs):  # pragma: no cover - compiled
+    x, y = lanes.load(a, 0), lanes.load(b, 16)  # an offset into the second array
+    lanes.store(out, 0, x + y)
+    lanes.store(out, 16, x - y)
+    lanes.store(out, 32, x * y)
+    lanes.store(out, 48, lanes.maximum(x, y))
+    lanes.store(out, 64, lanes.rounded(x))
+    lanes.store(out, 80, lanes.keep(x, limits, t, lanes.splat(-7.0)))
+    lanes.store_bits(bits, 0, lanes.rounded(x))
+    lanes.store_pairs(pairs, 0, lanes.rounded(x), lanes.rounded(y))
+
+
+def _bfloat16_bits(x: np.ndarray) -> np.ndarray:
+    return torch.from_numpy(x).bfloat16().view(torch.int16).numpy().view(np.uint16)
+
+
+@pytest.mark.parametrize("t", [0, 5, 40])
+def test_each_operation_acts_lane_by_lane_as_numpy_does(t):
+    generator = np.random.default_rng(t)
+    a = (generator.standard_normal(16) * 30).astype(np.float32)
+    a[:4] = [1.00390625, 1.01171875, -2.0, 0.0]  # bfloat16 ties: to even, down then up
+    b = generator.standard_normal(32).astype(np.float32)
+    limits = generator.integers(0, 10, 16).astype(np.int32)
+    out, bits, pairs = np.zeros(96, np.float32), np.zeros(16, np.uint16), np.zeros(16, np.uint32)
+    _apply(a, b, limits, t, out, bits, pairs)
+    y = b[16:]
+    np.testing.assert_array_equal(out[:16], a + y)
+    np.testing.assert_array_equal(out[16:32], a - y)
+    np.testing.assert_array_equal(out[32:48], a * y)
+    np.testing.assert_array_equal(out[48:64], np.maximum(a, y))
+    np.testing.assert_array_equal(out[64:80], torch.from_numpy(a).bfloat16().float().numpy())
+    np.testing.assert_array_equal(out[80:96], np.where(t < limits, a, np.float32(-7.0)))
+    np.testing.assert_array_equal(bits, _bfloat16_bits(a))
+    np.testing.assert_array_equal(pairs, bits.astype(np.uint32) | _bfloat16_bits(y).astype(np.uint32) << 16)
+
+
+@numba.njit(boundscheck=False)
+def _powers(x, out):  # pragma: no cover - compiled
+    for i in range(0, x.size, 16):
+        lanes.store(out, i, lanes.power2(lanes.load(x, i)))
+
+
+def test_power2_is_within_float32_precision_of_two_to_the_x_down_to_the_least_normal():
+    generator = np.random.default_rng(0)
+    x = -np.concatenate([np.linspace(0, 140, 1600), generator.uniform(0, 20, 1600)]).astype(np.float32)
+    out = np.empty_like(x)
+    _powers(x, out)
+    exact = np.exp2(np.maximum(x.astype(np.float64), -126.0))
+    assert np.abs(out / exact - 1).max() < 3e-7
+    assert out[0] == 1.0  # 2**0 exactly: a running maximum that did not move rescales by 1
+
+
+@numba.njit(fastmath=True, boundscheck=False)
+def _cancel(x, big, out):  # pragma: no cover - compiled
+    v, b = lanes.load(x, 0), lanes.splat(big)
+    lanes.store(out, 0, (v + b) - b)
+
+
+def test_a_fast_math_function_may_not_reorder_the_lanes_arithmetic():
+    """Reassociated, ``(x + big) - big`` would be ``x``; as written in float32 it is 0."""
+    out = np.full(16, np.nan, np.float32)
+    _cancel(np.ones(16, np.float32), np.float32(1e8), out)
+    np.testing.assert_array_equal(out, np.zeros(16, np.float32))
+
+
+@numba.njit
+def _scratch(n):  # pragma: no cover - compiled
+    a = lanes.aligned((n, 16), np.float32)
+    b = lanes.aligned((3, n, 7), np.uint16)
+    return a.ctypes.data % 64, b.ctypes.data % 64, a.shape, b.shape, a.sum(), b.sum()
+
+
+@pytest.mark.parametrize("n", [1, 5, 33])
+def test_scratch_arrays_start_on_a_64_byte_line_and_hold_zeros(n):
+    assert _scratch(n) == (0, 0, (n, 16), (3, n, 7), 0.0, 0)
