@@ -14,8 +14,8 @@ process only after it asks (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
 
 The intrinsics name their tile registers by number, fixed when they are made (the instruction
 encodes them): :func:`load`, :func:`store`, :func:`zero` and :func:`dot` make one intrinsic per
-register (or triple). :func:`interleave32` writes two rows of 32 bfloat16 as 32 pairs, the
-``B`` layout, with one vector shuffle (:mod:`.loop_amx` uses it for the values).
+register (or triple). :func:`spread16` lays 16 positions' softmax weights out as ``A`` tiles that
+multiply the values as they lie in the cache (:mod:`.loop_amx`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-_I8, _I64, _VOID = ir.IntType(8), ir.IntType(64), ir.VoidType()
+_I8, _I32, _I64, _VOID = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.VoidType()
 _BYTES = ir.IntType(8).as_pointer()
 
 
@@ -127,23 +127,48 @@ def dot(c: int, a: int, b: int):
     return dot_tiles
 
 
+def _join(builder, a, b):
+    """Two vectors of one kind as one twice as long, ``a``'s elements first."""
+    order = ir.Constant(ir.VectorType(_I32, 2 * a.type.count), list(range(2 * a.type.count)))
+    return builder.shuffle_vector(a, b, order)
+
+
 @intrinsic
-def interleave32(typingctx, pairs, at, rows, first, second):
-    """``pairs[at + k] = rows[first + k] | rows[second + k] << 16`` for ``k < 32``: two rows of
-    bfloat16 bits (``uint16``) as 32 words of ``uint32`` pairs, one shuffle instead of 32 scalar steps."""
+def spread16(typingctx, target, at, weights, first):
+    """The weights of 16 positions (rows ``t`` of ``weights[first:]``: 16 float32 lanes, one per
+    column, each rounded to bfloat16) as two ``A`` tiles of 16 rows, one per column, 64 bytes apart:
+    ``target[at:]`` (``uint32``) holds, per column ``c``, 16 words whose low halves are the bfloat16
+    bits of position ``t``'s weight (an *even* tile: the weight in slot ``2t``, zero in ``2t + 1``),
+    and ``target[at + 256:]`` the same with the bits in the high halves (an *odd* tile). Multiplied
+    by 16 value rows as they lie in the cache (``B``: row ``t`` holds dimensions ``2n, 2n + 1``
+    in pair ``n``), the even tile sums weights times even dimensions and the odd tile times odd
+    ones. One 16 x 16 transposition, in vector shuffles."""
 
     def codegen(context, builder, signature, args):
-        half, whole = ir.VectorType(ir.IntType(16), 32), ir.VectorType(ir.IntType(16), 64)
+        words = ir.VectorType(_I32, 16)
         source = context.make_array(signature.args[2])(context, builder, args[2]).data
-        one = builder.load(builder.bitcast(builder.gep(source, [args[3]]), half.as_pointer()), align=2)
-        two = builder.load(builder.bitcast(builder.gep(source, [args[4]]), half.as_pointer()), align=2)
-        order = ir.Constant(ir.VectorType(ir.IntType(32), 64), [i for k in range(32) for i in (k, 32 + k)])
+        rows = []
+        for t in range(16):
+            offset = builder.add(args[3], _I64(16 * t))
+            address = builder.bitcast(builder.gep(source, [offset]), words.as_pointer())
+            rows.append(builder.load(address, align=4))
+        while len(rows) > 1:
+            rows = [_join(builder, rows[k], rows[k + 1]) for k in range(0, len(rows), 2)]
+        order = ir.Constant(ir.VectorType(_I32, 256), [t * 16 + c for c in range(16) for t in range(16)])
+        columns = builder.shuffle_vector(rows[0], ir.Constant(rows[0].type, ir.Undefined), order)
         target = context.make_array(signature.args[0])(context, builder, args[0]).data
-        address = builder.bitcast(builder.gep(target, [args[1]]), whole.as_pointer())
-        builder.store(builder.shuffle_vector(one, two, order), address, align=4)
+        shift = ir.Constant(words, [16] * 16)
+        for c in range(16):
+            part = ir.Constant(ir.VectorType(_I32, 16), list(range(16 * c, 16 * c + 16)))
+            odd = builder.shuffle_vector(columns, ir.Constant(columns.type, ir.Undefined), part)
+            for offset, row in ((16 * c, builder.lshr(odd, shift)), (256 + 16 * c, odd)):
+                position = builder.add(args[1], _I64(offset))
+                builder.store(
+                    row, builder.bitcast(builder.gep(target, [position]), words.as_pointer()), align=4
+                )
         return context.get_dummy_value()
 
-    return types.void(pairs, types.int64, rows, types.int64, types.int64), codegen
+    return types.void(target, types.int64, weights, types.int64), codegen
 
 
 def config(shapes: dict[int, tuple[int, int]]) -> np.ndarray:

@@ -29,8 +29,8 @@ a cache holding NaN or garbage outside the sequences cannot leak into the result
 to the query's dtype (on AMX, below, the softmax weights are rounded to bfloat16 for the values'
 product, the tiles' input).
 
-On a processor with AMX, bfloat16 caches take :mod:`.loop_amx` (decode, and prompts of at most one
-tile of rows) and :mod:`.loop_prompt` (longer prompts) instead, where :mod:`.tiles` says they apply:
+On a processor with AMX, bfloat16 caches take :mod:`.loop_amx` (decode and prompts) instead, where
+:mod:`.tiles` says it applies:
 the same walk through the block table, the scores and the weighted values multiplied on the matrix
 tiles; each row still computed alone, the same bits from either.
 

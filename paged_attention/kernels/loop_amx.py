@@ -17,26 +17,37 @@ heads, GQA) sweep the positions the tile may see, 32 at a time:
    as rows of 16 vector lanes: a lane per column, the columns of as many KV heads as fit;
 2. the online softmax of all those columns at once (:func:`soften`, on :mod:`.lanes`), in float32,
    over the positions each column's row may see (the others get weight 0 and are never part of its
-   maximum); the weights rounded to bfloat16, the tiles' input, and written out a row per column;
-3. the values written as pairs of positions (``B``'s layout, :func:`.amx.interleave32`), positions
-   past the tile's last row as zeros;
-4. ``acc[columns, D] += P . V`` on the tiles, 16 dimensions a tile, after the rescale of step 2.
+   maximum); the weights rounded to bfloat16, the tiles' input;
+3. the weights of each 16 positions transposed into two ``A`` tiles, a row per column
+   (:func:`.amx.spread16`): one holds each weight in the even slot of its pair, the other in the odd
+   slot, zeros beside them;
+4. ``acc += P . V`` on the tiles with the value rows as they lie in the cache as ``B`` (16 positions,
+   32 dimensions, read as 16 pairs of dimensions): the even tile sums the weights times the even
+   dimensions, the odd tile times the odd ones, so the values are never rearranged; rows past the
+   sequence are copied as zeros first (a zero weight times NaN would be NaN). After the rescale of
+   step 2; the two halves of the accumulator are put back in order once the sweep is done.
 
 A column's arithmetic does not depend on the other columns, nor on its lane, nor on where its tile
 starts: the sweep's 32-position chunks start at position 0 for every row, a chunk a row may not see
-leaves its maximum, sum and accumulator exactly as they were (weight 0, rescale 1). A row gets the
-same bits as a prompt row (:mod:`.loop_prompt`), a chunk after a cached prefix, or a decode step.
+leaves its maximum, sum and accumulator exactly as they were (weight 0, rescale 1), and every sum
+the tiles take is over the same 16 positions in the same slots. A row gets the same bits as a
+prompt row, a chunk after a cached prefix, or a decode step. (A prompt kernel that multiplied the
+values transposed, ``O^T = V^T . P^T`` with the weights in pairs of positions, was faster on
+prompts, 4.7-5.0 ms below against 7.0-7.6, but the tiles round a sum of pairs otherwise than a sum of
+single products beside zeros: 10 rows of 240 had an element that differed from the decode step's.)
 While one chunk is computed, the next one's keys and values are prefetched, a few cache lines at
 every step of it (:func:`_fetch`), so that memory is kept busy while the tiles work.
 
-Measured (SmolLM2's heads, 64 sequences of 100-430 tokens, block size 16, 30 layers' caches, one
-thread, 2-core Xeon with AMX, alternating): 1.66-1.72 ms a layer against 2.3 for
-:func:`.loop_nest.decode` (0.98 with the cache in L2: the rest is waiting for memory, which a plain
-walk over the same blocks reads in 1.2-1.3 ms); vLLM 0.32's AMX kernel took 1.5 ms on its own
-head-major layout (block size 32 or 128), its AVX-512 kernel 2.7-2.8 ms. Before the softmax took
-16 columns at once it ran a column at a time (vectorized along the 32 positions): 1.87 ms, 1.0-1.15
-in L2. Prefetching the next chunk all at once at its start was 1.9-2.0 ms (the fill buffers run out
-and the pipeline stalls); the values' product with vector multiply-adds instead of the tiles 3.3 ms.
+Measured (one thread, 2-core Xeon with AMX, alternating): decode of SmolLM2's heads, 64 sequences of
+100-430 tokens, block size 16, 30 layers' caches: 1.47-1.54 ms a layer (0.77-0.82 with the cache in
+L2) against 2.3 for :func:`.loop_nest.decode`; a plain walk over the same blocks reads them in 1.2-1.3
+ms; vLLM 0.32's AMX kernel took 1.5 ms on its own head-major layout (block size 32 or 128), its
+AVX-512 kernel 2.7-2.8 ms. With the softmax a column at a time (vectorized along the 32 positions)
+and the values rearranged into pairs of positions for every chunk: 1.87 ms (1.0-1.15 in L2).
+Prompts (16 of 27-300 tokens, 2,520 in all): 7.0-7.6 ms a layer against 8.0-8.8 for torch's SDPA
+over the gathered pages (which does not compute a row alone) and 23.1 for the loop nest.
+Prefetching the next chunk all at once at its start was slower (the fill buffers run out and the
+pipeline stalls), and so was the values' product with vector multiply-adds instead of the tiles.
 """
 
 from __future__ import annotations
@@ -67,8 +78,9 @@ _score, _score2, _weigh = amx.dot(0, 1, 3), amx.dot(0, 2, 4), amx.dot(7, 5, 6)
 def shapes(columns: int) -> np.ndarray:
     """The tile record for ``columns`` query heads of one KV head (``rows x group``, at most 16):
     0 scores ``[16 positions, columns]`` float32; 1-2 keys ``[16, 32]`` bfloat16; 3-4 queries in
-    pairs ``[16, columns]``; 5 weights ``[columns, 32]``; 6 values in pairs ``[16, 16]``;
-    7 accumulator ``[columns, 16]`` float32."""
+    pairs ``[16, columns]``; 5 weights spread over even or odd slots ``[columns, 32]``; 6 value rows
+    as they lie ``[16 positions, 32]`` (16 pairs of dimensions); 7 accumulator ``[columns, 16]``
+    float32 (even or odd dimensions)."""
     wide = 4 * columns
     return amx.config({0: (16, wide), 1: (16, 64), 2: (16, 64), 3: (16, wide), 4: (16, wide),
                        5: (columns, 64), 6: (16, 64), 7: (columns, 64)})  # fmt: skip
@@ -148,11 +160,10 @@ def ask(query, first, used, context, group, pairs, limit):
         if c // group < used:
             limit[c] = context + c // group
             for h in range(num_kv_heads):
-                q = query[first + c // group, h * group + c % group]
+                q = query[first + c // group, h * group + c % group].view(np.uint32)  # pairs of dimensions
                 for step in range(steps):
                     for p in range(16):
-                        d = step * 32 + 2 * p
-                        pairs[h, step, p, c] = np.uint32(q[d]) | np.uint32(q[d + 1]) << np.uint32(16)
+                        pairs[h, step, p, c] = q[step * 16 + p]
 
 
 @njit(inline="always")
@@ -210,11 +221,13 @@ def attend(
     passes = (num_kv_heads + fold - 1) // fold
     pairs = lanes.aligned((num_kv_heads, steps, 16, columns), np.uint32)  # queries as B tiles
     scores = lanes.aligned((passes, CHUNK, LANES), np.float32)  # S^T, lane (h % fold) columns + c
-    weights = lanes.aligned((num_kv_heads, columns, CHUNK), np.uint16)  # A tiles
-    values = lanes.aligned((num_kv_heads, CHUNK // 2, head_dim), np.uint32)  # B tiles
+    # A tiles of each pass and half: even, then odd (amx.spread16), a row per lane
+    spread = lanes.aligned((passes, 2, 2, LANES, 16), np.uint32)
+    tail = lanes.aligned((16, row), np.uint16)  # a last half's value rows, zeros past the sequence
     rounded = lanes.aligned((CHUNK, LANES), np.float32)  # the softmax's weights
     rescale = lanes.aligned((LANES,), np.float32)
-    acc = lanes.aligned((num_kv_heads, columns, head_dim), np.float32)
+    acc = lanes.aligned((num_kv_heads, columns, head_dim), np.float32)  # as finish reads it
+    halves = lanes.aligned((num_kv_heads, 2, head_dim // 32, columns, 16), np.float32)  # acc by parity
     best = lanes.aligned((passes, LANES), np.float32)
     total = lanes.aligned((passes, LANES), np.float32)
     sums = np.empty((num_kv_heads, LANES), np.float32)  # total, a row per KV head
@@ -223,9 +236,9 @@ def attend(
     at = np.zeros(2, np.int64)  # where this chunk's two halves start
     ahead = np.zeros(2, np.int64)  # where the next chunk's halves start, and how many elements
     span = np.zeros(2, np.int64)
-    calls = num_kv_heads * (2 + CHUNK // 2 + head_dim // 16) + passes  # _fetch's calls a chunk
+    calls = num_kv_heads * (2 + head_dim // 8) + passes  # _fetch's calls a chunk
     per = (16 * row // line + calls - 1) // calls  # cache lines each asks for, a half
-    flat_values, flat_pairs = value_cache.reshape(-1), values.reshape(-1)
+    flat_values, flat_tail = value_cache.reshape(-1), tail.reshape(-1)
     amx.configure(record)
     for k in range(seqs.shape[0]):
         s = seqs[k]
@@ -235,7 +248,7 @@ def attend(
             used = min(rows, count - r0)
             last = context + r0 + used - 1
             ask(query, first + r0, used, context + r0, group, pairs, limit)
-            begin(acc, best, total)
+            begin(halves, best, total)
             for base in range(0, last + 1, CHUNK):
                 size = min(CHUNK, last + 1 - base)
                 for half in range(2):
@@ -278,38 +291,46 @@ def attend(
                 for p in range(passes):  # 2. online softmax, every column of ``fold`` KV heads at once
                     i = _fetch(key_cache, value_cache, ahead, span, i, per)
                     lanes.store(rescale, 0, soften(scores[p], visible, scale, best[p], total[p], rounded))
+                    for half in range(2):
+                        amx.spread16(spread, (p * 2 + half) * 2 * LANES * 16, rounded, half * 16 * LANES)
                     for h in range(p * fold, min(num_kv_heads, (p + 1) * fold)):
-                        for c in range(columns):  # the weights as A's rows, the accumulator rescaled
-                            lane = (h % fold) * columns + c
-                            w, a, r = weights[h, c], acc[h, c], rescale[lane]
-                            for t in range(CHUNK):
-                                w[t] = np.uint16(
-                                    np.float32(rounded[t, lane]).view(np.uint32) >> np.uint32(16)
-                                )
+                        for c in range(columns):  # the accumulators rescaled
+                            r = rescale[(h % fold) * columns + c]
                             if r != np.float32(1.0):
-                                for d in range(head_dim):
-                                    a[d] *= r
-                for h in range(num_kv_heads):  # 3. values as pairs; the next chunk prefetched
-                    for p in range(CHUNK // 2):
-                        i = _fetch(key_cache, value_cache, ahead, span, i, per)
-                        t = 2 * p
-                        one = at[t // 16] + (t % 16) * row + h * head_dim
-                        if t + 1 < size:
-                            for d in range(0, head_dim, 32):
-                                amx.interleave32(flat_pairs, (h * (CHUNK // 2) + p) * head_dim + d,
-                                                 flat_values, one + d, one + row + d)  # fmt: skip
-                        else:
-                            v = values[h, p]
-                            for d in range(head_dim):
-                                v[d] = np.uint32(flat_values[one + d]) if t < size else np.uint32(0)
-                for h in range(num_kv_heads):  # 4. acc += P . V
-                    _load_weights(weights, h * columns * CHUNK, CHUNK * 2)
-                    for d in range(0, head_dim, 16):
-                        i = _fetch(key_cache, value_cache, ahead, span, i, per)
-                        _load_values(values, h * (CHUNK // 2) * head_dim + d, head_dim * 4)
-                        _load_acc(acc, h * columns * head_dim + d, head_dim * 4)
-                        _weigh()
-                        _store_acc(acc, h * columns * head_dim + d, head_dim * 4)
+                                factor = lanes.splat(r)
+                                for g in range(2 * (head_dim // 32)):  # both parities, each group
+                                    x = ((h * 2 * (head_dim // 32) + g) * columns + c) * 16
+                                    lanes.store(halves, x, lanes.load(halves, x) * factor)
+                if size % 16:  # 3. the last half's rows past the sequence as zeros (NaN x 0 is NaN)
+                    start, kept = at[size // 16], (size % 16) * row  # the rows lie one after another
+                    for e in range(kept):
+                        flat_tail[e] = flat_values[start + e]
+                    for e in range(kept, 16 * row):
+                        flat_tail[e] = 0
+                for h in range(num_kv_heads):  # 4. acc += P . V, even and odd dimensions apart
+                    for g in range(head_dim // 32):
+                        for parity in range(2):
+                            acc_at = ((h * 2 + parity) * (head_dim // 32) + g) * columns * 16
+                            _load_acc(halves, acc_at, 64)
+                            for half in range(2):
+                                i = _fetch(key_cache, value_cache, ahead, span, i, per)
+                                if 16 * half >= size:
+                                    continue
+                                tile = ((h // fold * 2 + half) * 2 + parity) * LANES + (h % fold) * columns
+                                _load_weights(spread, tile * 16, 64)
+                                if 16 * half + 16 <= size:
+                                    _load_values(value_cache, at[half] + h * head_dim + g * 32, row * 2)
+                                else:
+                                    _load_values(tail, h * head_dim + g * 32, row * 2)
+                                _weigh()
+                            _store_acc(halves, acc_at, 64)
+            for h in range(num_kv_heads):  # the dimensions back in order, for finish
+                for c in range(columns):
+                    a = acc[h, c]
+                    for g in range(head_dim // 32):
+                        for n in range(16):
+                            a[g * 32 + 2 * n] = halves[h, 0, g, c, n]
+                            a[g * 32 + 2 * n + 1] = halves[h, 1, g, c, n]
             for h in range(num_kv_heads):
                 for c in range(columns):
                     sums[h, c] = total[h // fold, (h % fold) * columns + c]

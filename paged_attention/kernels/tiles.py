@@ -32,29 +32,24 @@ def rows(
 
 
 @functools.cache
-def record(columns: int, kernel: str = "attend") -> np.ndarray:
-    """The tile shapes for ``columns`` query heads a tile of ``kernel`` (``"attend"``:
-    :func:`.loop_amx.shapes`; ``"prompt"``: :func:`.loop_prompt.shapes`), made once."""
-    from . import loop_amx, loop_prompt
+def record(columns: int) -> np.ndarray:
+    """The tile shapes for ``columns`` query heads a tile (:func:`.loop_amx.shapes`), made once."""
+    from . import loop_amx
 
-    return (loop_amx if kernel == "attend" else loop_prompt).shapes(columns)
+    return loop_amx.shapes(columns)
 
 
 def attend(query, key_cache, value_cache, blocks, seq_lens, starts, seqs, scale, rows, out) -> None:
     """Causal attention of the sequences ``seqs`` (NumPy arrays as :func:`.loop_amx.attend` takes
-    them): those with more new tokens than one tile's ``rows`` by :func:`.loop_prompt.prompt` (their
-    values laid out for the tiles once, then read by every tile), the others by
-    :func:`.loop_amx.attend` (the cache read as it lies). A row gets the same bits from either."""
-    from .loop_amx import attend as direct
-    from .loop_prompt import prompt
+    them) by :func:`.loop_amx.attend`: those with more new tokens than ``rows`` a tile of ``rows``
+    rows, the others a tile of as many as the longest of them needs (decode: 1, no idle columns).
+    A row gets the same bits either way."""
+    from .loop_amx import attend as tiled
 
     group = query.shape[1] // key_cache.shape[2]
     counts = starts[seqs + 1] - starts[seqs]
-    short, long = seqs[counts <= rows], seqs[counts > rows]
-    if len(short):  # as many rows a tile as the longest of them needs (decode: 1), no idle columns
-        few = int(counts[counts <= rows].max())
-        direct(query, key_cache, value_cache, blocks, seq_lens, starts, short, scale, few,
-               record(few * group), out)  # fmt: skip
-    if len(long):
-        prompt(query, key_cache, value_cache, blocks, seq_lens, starts, long, scale, rows,
-               record(rows * group, "prompt"), out)  # fmt: skip
+    few = int(counts[counts <= rows].max()) if (counts <= rows).any() else 0
+    for chosen, size in ((seqs[counts <= rows], few), (seqs[counts > rows], rows)):
+        if len(chosen):
+            tiled(query, key_cache, value_cache, blocks, seq_lens, starts, chosen, scale, size,
+                  record(size * group), out)  # fmt: skip
