@@ -15,7 +15,8 @@ process only after it asks (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
 The intrinsics name their tile registers by number, fixed when they are made (the instruction
 encodes them): :func:`load`, :func:`store`, :func:`zero` and :func:`dot` make one intrinsic per
 register (or triple). :func:`spread16` lays 16 positions' softmax weights out as ``A`` tiles that
-multiply the values as they lie in the cache (:mod:`.loop_amx`).
+multiply the values as they lie in the cache, :func:`transpose16` the queries' pairs of dimensions
+as ``B`` tiles (:mod:`.loop_amx`).
 """
 
 from __future__ import annotations
@@ -133,6 +134,49 @@ def _join(builder, a, b):
     return builder.shuffle_vector(a, b, order)
 
 
+_WORDS = ir.VectorType(_I32, 16)
+
+
+def _columns16(context, builder, array_type, array, first):
+    """The 16 columns of the 16 x 16 block of 32-bit words at ``array[first:]`` (rows 16 words
+    apart), each as a vector: one transposition in vector shuffles."""
+    source = context.make_array(array_type)(context, builder, array).data
+    rows = []
+    for t in range(16):
+        address = builder.bitcast(
+            builder.gep(source, [builder.add(first, _I64(16 * t))]), _WORDS.as_pointer()
+        )
+        rows.append(builder.load(address, align=4))
+    while len(rows) > 1:
+        rows = [_join(builder, rows[k], rows[k + 1]) for k in range(0, len(rows), 2)]
+    order = ir.Constant(ir.VectorType(_I32, 256), [t * 16 + c for c in range(16) for t in range(16)])
+    block = builder.shuffle_vector(rows[0], ir.Constant(rows[0].type, ir.Undefined), order)
+    pick = [ir.Constant(_WORDS, list(range(16 * c, 16 * c + 16))) for c in range(16)]
+    return [builder.shuffle_vector(block, ir.Constant(block.type, ir.Undefined), p) for p in pick]
+
+
+def _store_words(context, builder, array_type, array, at, row):
+    target = context.make_array(array_type)(context, builder, array).data
+    builder.store(row, builder.bitcast(builder.gep(target, [at]), _WORDS.as_pointer()), align=4)
+
+
+@intrinsic
+def transpose16(typingctx, target, at, source, first):
+    """``target[at:]`` (16 rows of 16 32-bit words, 16 apart) = the transpose of the same block at
+    ``source[first:]``: rows of a tile's ``B`` operand from the rows they pair up (:mod:`.loop_amx`
+    writes the queries' pairs of dimensions this way, a row per query column in, a row per pair out)."""
+
+    def codegen(context, builder, signature, args):
+        columns = _columns16(context, builder, signature.args[2], args[2], args[3])
+        for c, column in enumerate(columns):
+            _store_words(
+                context, builder, signature.args[0], args[0], builder.add(args[1], _I64(16 * c)), column
+            )
+        return context.get_dummy_value()
+
+    return types.void(target, types.int64, source, types.int64), codegen
+
+
 @intrinsic
 def spread16(typingctx, target, at, weights, first):
     """The weights of 16 positions (rows ``t`` of ``weights[first:]``: 16 float32 lanes, one per
@@ -145,26 +189,12 @@ def spread16(typingctx, target, at, weights, first):
     ones. One 16 x 16 transposition, in vector shuffles."""
 
     def codegen(context, builder, signature, args):
-        words = ir.VectorType(_I32, 16)
-        source = context.make_array(signature.args[2])(context, builder, args[2]).data
-        rows = []
-        for t in range(16):
-            offset = builder.add(args[3], _I64(16 * t))
-            address = builder.bitcast(builder.gep(source, [offset]), words.as_pointer())
-            rows.append(builder.load(address, align=4))
-        while len(rows) > 1:
-            rows = [_join(builder, rows[k], rows[k + 1]) for k in range(0, len(rows), 2)]
-        order = ir.Constant(ir.VectorType(_I32, 256), [t * 16 + c for c in range(16) for t in range(16)])
-        columns = builder.shuffle_vector(rows[0], ir.Constant(rows[0].type, ir.Undefined), order)
-        target = context.make_array(signature.args[0])(context, builder, args[0]).data
-        shift = ir.Constant(words, [16] * 16)
-        for c in range(16):
-            part = ir.Constant(ir.VectorType(_I32, 16), list(range(16 * c, 16 * c + 16)))
-            odd = builder.shuffle_vector(columns, ir.Constant(columns.type, ir.Undefined), part)
+        columns = _columns16(context, builder, signature.args[2], args[2], args[3])
+        shift = ir.Constant(_WORDS, [16] * 16)
+        for c, odd in enumerate(columns):
             for offset, row in ((16 * c, builder.lshr(odd, shift)), (256 + 16 * c, odd)):
-                position = builder.add(args[1], _I64(offset))
-                builder.store(
-                    row, builder.bitcast(builder.gep(target, [position]), words.as_pointer()), align=4
+                _store_words(
+                    context, builder, signature.args[0], args[0], builder.add(args[1], _I64(offset)), row
                 )
         return context.get_dummy_value()
 

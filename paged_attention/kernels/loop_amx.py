@@ -23,9 +23,11 @@ heads, GQA) sweep the positions the tile may see, 32 at a time:
    slot, zeros beside them;
 4. ``acc += P . V`` on the tiles with the value rows as they lie in the cache as ``B`` (16 positions,
    32 dimensions, read as 16 pairs of dimensions): the even tile sums the weights times the even
-   dimensions, the odd tile times the odd ones, so the values are never rearranged; rows past the
-   sequence are copied as zeros first (a zero weight times NaN would be NaN). After the rescale of
-   step 2; the two halves of the accumulator are put back in order once the sweep is done.
+   dimensions, the odd tile times the odd ones, so the values are never rearranged (where the
+   columns are at most 8, as in decode, one tile holds a head's even rows and then its odd rows:
+   half the products); rows past the sequence are copied as zeros first (a zero weight times NaN
+   would be NaN). After the rescale of step 2; the two halves of the accumulator are put back in
+   order once the sweep is done.
 
 A column's arithmetic does not depend on the other columns, nor on its lane, nor on where its tile
 starts: the sweep's 32-position chunks start at position 0 for every row, a chunk a row may not see
@@ -33,19 +35,21 @@ leaves its maximum, sum and accumulator exactly as they were (weight 0, rescale 
 the tiles take is over the same 16 positions in the same slots. A row gets the same bits as a
 prompt row, a chunk after a cached prefix, or a decode step. (A prompt kernel that multiplied the
 values transposed, ``O^T = V^T . P^T`` with the weights in pairs of positions, was faster on
-prompts, 4.7-5.0 ms below against 7.0-7.6, but the tiles round a sum of pairs otherwise than a sum of
+prompts, 4.7-5.0 ms against 7.0-7.6 for this kernel then, but the tiles round a sum of pairs otherwise than a sum of
 single products beside zeros: 10 rows of 240 had an element that differed from the decode step's.)
 While one chunk is computed, the next one's keys and values are prefetched, a few cache lines at
 every step of it (:func:`_fetch`), so that memory is kept busy while the tiles work.
 
 Measured (one thread, 2-core Xeon with AMX, alternating): decode of SmolLM2's heads, 64 sequences of
-100-430 tokens, block size 16, 30 layers' caches: 1.47-1.54 ms a layer (0.77-0.82 with the cache in
+100-430 tokens, block size 16, 30 layers' caches: 1.41-1.44 ms a layer (0.66-0.68 with the cache in
 L2) against 2.3 for :func:`.loop_nest.decode`; a plain walk over the same blocks reads them in 1.2-1.3
 ms; vLLM 0.32's AMX kernel took 1.5 ms on its own head-major layout (block size 32 or 128), its
 AVX-512 kernel 2.7-2.8 ms. With the softmax a column at a time (vectorized along the 32 positions)
 and the values rearranged into pairs of positions for every chunk: 1.87 ms (1.0-1.15 in L2).
-Prompts (16 of 27-300 tokens, 2,520 in all): 7.0-7.6 ms a layer against 8.0-8.8 for torch's SDPA
-over the gathered pages (which does not compute a row alone) and 23.1 for the loop nest.
+Prompts (16 of 27-300 tokens, 2,520 in all): 5.5-5.7 ms a layer against 7.2-7.3 for torch's SDPA
+over the gathered pages (which does not compute a row alone) and 23.1 for the loop nest. Timed
+with the processor's cycle counter, a prompt call spends a third of its time in the softmax and
+the weights' transposition, a fifth in the values' product, a sixth writing the queries as tiles.
 Prefetching the next chunk all at once at its start was slower (the fill buffers run out and the
 pipeline stalls), and so was the values' product with vector multiply-adds instead of the tiles.
 """
@@ -81,9 +85,9 @@ def shapes(columns: int) -> np.ndarray:
     pairs ``[16, columns]``; 5 weights spread over even or odd slots ``[columns, 32]``; 6 value rows
     as they lie ``[16 positions, 32]`` (16 pairs of dimensions); 7 accumulator ``[columns, 16]``
     float32 (even or odd dimensions)."""
-    wide = 4 * columns
+    wide, stacked = 4 * columns, 2 * columns if 2 * columns <= 16 else columns  # both parities a tile
     return amx.config({0: (16, wide), 1: (16, 64), 2: (16, 64), 3: (16, wide), 4: (16, wide),
-                       5: (columns, 64), 6: (16, 64), 7: (columns, 64)})  # fmt: skip
+                       5: (stacked, 64), 6: (16, 64), 7: (stacked, 64)})  # fmt: skip
 
 
 @njit(inline="always")
@@ -148,22 +152,27 @@ def soften(scores, visible, scale, best, total, weights):
 
 
 @njit(inline="always")
-def ask(query, first, used, context, group, pairs, limit):
-    """A tile's queries, rows ``query[first:first + used]`` (the first at position ``context``), as
+def ask(words, heads, first, used, context, group, pairs, limit, block):
+    """A tile's queries, rows ``first:first + used`` of the query (``words``: all of it as ``uint32``
+    pairs of dimensions, ``heads`` query heads a row; the first row at position ``context``), as
     ``B`` tiles: ``pairs[h, step, p, c]`` holds dimensions ``32 step + 2p`` and ``+ 1`` of column
-    ``c`` (row ``c // group``, query head ``h * group + c % group``); ``limit[c]`` the last position
-    column ``c`` may see (-1: an idle column, past the tile's rows)."""
-    num_kv_heads, steps, columns = pairs.shape[0], pairs.shape[1], pairs.shape[3]
-    pairs[:] = 0
+    ``c`` (row ``c // group``, query head ``h * group + c % group``; idle columns zeros), each tile
+    the transpose of the columns' rows (:func:`.amx.transpose16`, ``block``: 16 x 16 words of
+    scratch); ``limit[c]`` the last position column ``c`` may see (-1: an idle column)."""
+    num_kv_heads, steps = pairs.shape[0], pairs.shape[1]
+    half_dim = 16 * steps
     limit[:] = -1
-    for c in range(columns):
-        if c // group < used:
-            limit[c] = context + c // group
-            for h in range(num_kv_heads):
-                q = query[first + c // group, h * group + c % group].view(np.uint32)  # pairs of dimensions
-                for step in range(steps):
-                    for p in range(16):
-                        pairs[h, step, p, c] = q[step * 16 + p]
+    block[:] = 0
+    for h in range(num_kv_heads):
+        for step in range(steps):
+            c = 0
+            for r in range(used):
+                at = ((first + r) * heads + h * group) * half_dim + step * 16
+                for g in range(group):
+                    lanes.store(block, c * 16, lanes.load(words, at + g * half_dim))  # 16 words, as bits
+                    limit[c] = context + r
+                    c += 1
+            amx.transpose16(pairs, (h * steps + step) * 16 * LANES, block, 0)
 
 
 @njit(inline="always")
@@ -171,16 +180,16 @@ def score(key_cache, key_at, row, pairs, scores):
     """``scores[:16, :columns]`` (rows of 16 lanes) = ``S^T`` of 16 positions and one KV head's
     columns: the key rows that start at element ``key_at`` of the cache, ``row`` elements apart,
     times the head's query pairs (``pairs[step, p, c]``, from :func:`ask`), 32 dimensions a step."""
-    steps, columns = pairs.shape[0], pairs.shape[2]
+    steps = pairs.shape[0]
     _zero_scores()
     for step in range(steps):
         if step % 2 == 0:
             _load_key(key_cache, key_at + step * 32, row * 2)
-            _load_query(pairs, step * 16 * columns, columns * 4)
+            _load_query(pairs, step * 16 * LANES, LANES * 4)
             _score()
         else:
             _load_key2(key_cache, key_at + step * 32, row * 2)
-            _load_query2(pairs, step * 16 * columns, columns * 4)
+            _load_query2(pairs, step * 16 * LANES, LANES * 4)
             _score2()
     _store_scores(scores, 0, LANES * 4)
 
@@ -219,7 +228,9 @@ def attend(
     line = 32  # bfloat16 elements in a 64-byte cache line
     fold = LANES // columns  # KV heads whose columns share the softmax's lanes
     passes = (num_kv_heads + fold - 1) // fold
-    pairs = lanes.aligned((num_kv_heads, steps, 16, columns), np.uint32)  # queries as B tiles
+    pairs = lanes.aligned((num_kv_heads, steps, 16, LANES), np.uint32)  # queries as B tiles
+    block = lanes.aligned((16, 16), np.uint32)
+    words = query.reshape(-1).view(np.uint32)  # pairs of dimensions
     scores = lanes.aligned((passes, CHUNK, LANES), np.float32)  # S^T, lane (h % fold) columns + c
     # A tiles of each pass and half: even, then odd (amx.spread16), a row per lane
     spread = lanes.aligned((passes, 2, 2, LANES, 16), np.uint32)
@@ -227,7 +238,10 @@ def attend(
     rounded = lanes.aligned((CHUNK, LANES), np.float32)  # the softmax's weights
     rescale = lanes.aligned((LANES,), np.float32)
     acc = lanes.aligned((num_kv_heads, columns, head_dim), np.float32)  # as finish reads it
-    halves = lanes.aligned((num_kv_heads, 2, head_dim // 32, columns, 16), np.float32)  # acc by parity
+    # the accumulator by 32 dimensions and parity, and whether one tile holds both parities' rows
+    halves = lanes.aligned((num_kv_heads, head_dim // 32, 2, columns, 16), np.float32)
+    stack = 2 if 2 * columns <= 16 else 1
+    stacked = lanes.aligned((num_kv_heads, 2, 2 * columns, 16), np.uint32)  # A: even rows, odd rows
     best = lanes.aligned((passes, LANES), np.float32)
     total = lanes.aligned((passes, LANES), np.float32)
     sums = np.empty((num_kv_heads, LANES), np.float32)  # total, a row per KV head
@@ -236,7 +250,7 @@ def attend(
     at = np.zeros(2, np.int64)  # where this chunk's two halves start
     ahead = np.zeros(2, np.int64)  # where the next chunk's halves start, and how many elements
     span = np.zeros(2, np.int64)
-    calls = num_kv_heads * (2 + head_dim // 8) + passes  # _fetch's calls a chunk
+    calls = num_kv_heads * (2 + head_dim // 32 * 4 // stack) + passes  # _fetch's calls a chunk
     per = (16 * row // line + calls - 1) // calls  # cache lines each asks for, a half
     flat_values, flat_tail = value_cache.reshape(-1), tail.reshape(-1)
     amx.configure(record)
@@ -247,7 +261,7 @@ def attend(
         for r0 in range(0, count, rows):
             used = min(rows, count - r0)
             last = context + r0 + used - 1
-            ask(query, first + r0, used, context + r0, group, pairs, limit)
+            ask(words, num_heads, first + r0, used, context + r0, group, pairs, limit, block)
             begin(halves, best, total)
             for base in range(0, last + 1, CHUNK):
                 size = min(CHUNK, last + 1 - base)
@@ -298,26 +312,42 @@ def attend(
                             r = rescale[(h % fold) * columns + c]
                             if r != np.float32(1.0):
                                 factor = lanes.splat(r)
-                                for g in range(2 * (head_dim // 32)):  # both parities, each group
-                                    x = ((h * 2 * (head_dim // 32) + g) * columns + c) * 16
+                                for g in range(2 * (head_dim // 32)):  # each group, both parities
+                                    x = (((h * 2 * (head_dim // 32)) + g) * columns + c) * 16
                                     lanes.store(halves, x, lanes.load(halves, x) * factor)
+                        if stack == 2:  # one tile: the head's even rows, then its odd rows
+                            for half in range(2):
+                                for c in range(columns):
+                                    even = ((p * 2 + half) * 2 * LANES + (h % fold) * columns + c) * 16
+                                    for parity in range(2):
+                                        x = lanes.load(spread, even + parity * LANES * 16)
+                                        lanes.store(
+                                            stacked,
+                                            ((h * 2 + half) * 2 * columns + parity * columns + c) * 16,
+                                            x,
+                                        )
                 if size % 16:  # 3. the last half's rows past the sequence as zeros (NaN x 0 is NaN)
                     start, kept = at[size // 16], (size % 16) * row  # the rows lie one after another
-                    for e in range(kept):
-                        flat_tail[e] = flat_values[start + e]
-                    for e in range(kept, 16 * row):
-                        flat_tail[e] = 0
+                    for e in range(0, kept, 32):  # 32 bfloat16 a vector (as bits)
+                        lanes.store(flat_tail, e, lanes.load(flat_values, start + e))
+                    for e in range(kept, 16 * row, 32):
+                        lanes.store(flat_tail, e, lanes.splat(np.float32(0.0)))
                 for h in range(num_kv_heads):  # 4. acc += P . V, even and odd dimensions apart
                     for g in range(head_dim // 32):
-                        for parity in range(2):
-                            acc_at = ((h * 2 + parity) * (head_dim // 32) + g) * columns * 16
+                        for parity in range(0, 2, stack):
+                            acc_at = (((h * (head_dim // 32) + g) * 2 + parity) * columns) * 16
                             _load_acc(halves, acc_at, 64)
                             for half in range(2):
                                 i = _fetch(key_cache, value_cache, ahead, span, i, per)
                                 if 16 * half >= size:
                                     continue
-                                tile = ((h // fold * 2 + half) * 2 + parity) * LANES + (h % fold) * columns
-                                _load_weights(spread, tile * 16, 64)
+                                if stack == 2:
+                                    _load_weights(stacked, (h * 2 + half) * 2 * columns * 16, 64)
+                                else:
+                                    tile = ((h // fold * 2 + half) * 2 + parity) * LANES + (
+                                        h % fold
+                                    ) * columns
+                                    _load_weights(spread, tile * 16, 64)
                                 if 16 * half + 16 <= size:
                                     _load_values(value_cache, at[half] + h * head_dim + g * 32, row * 2)
                                 else:
@@ -329,8 +359,8 @@ def attend(
                     a = acc[h, c]
                     for g in range(head_dim // 32):
                         for n in range(16):
-                            a[g * 32 + 2 * n] = halves[h, 0, g, c, n]
-                            a[g * 32 + 2 * n + 1] = halves[h, 1, g, c, n]
+                            a[g * 32 + 2 * n] = halves[h, g, 0, c, n]
+                            a[g * 32 + 2 * n + 1] = halves[h, g, 1, c, n]
             for h in range(num_kv_heads):
                 for c in range(columns):
                     sums[h, c] = total[h // fold, (h % fold) * columns + c]
