@@ -34,9 +34,9 @@ starts: the sweep's 32-position chunks start at position 0 for every row, a chun
 leaves its maximum, sum and accumulator exactly as they were (weight 0, rescale 1), and every sum
 the tiles take is over the same 16 positions in the same slots. A row gets the same bits as a
 prompt row, a chunk after a cached prefix, or a decode step. (A prompt kernel that multiplied the
-values transposed, ``O^T = V^T . P^T`` with the weights in pairs of positions, was faster on
-prompts, 4.7-5.0 ms against 7.0-7.6 for this kernel then, but the tiles round a sum of pairs otherwise than a sum of
-single products beside zeros: 10 rows of 240 had an element that differed from the decode step's.)
+values transposed, ``O^T = V^T . P^T`` with the weights in pairs of positions, took 4.7-5.0 ms on
+the prompts below, but the tiles round a sum of pairs otherwise than a sum of single products
+beside zeros: 10 rows of 240 had an element that differed from the decode step's.)
 While one chunk is computed, the next one's keys and values are prefetched, a few cache lines at
 every step of it (:func:`_fetch`), so that memory is kept busy while the tiles work.
 
