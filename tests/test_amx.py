@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +19,7 @@ from paged_attention.kernels import compiled, reference, tiles
 from .kernel_cases import TOLERANCE, make_paged_case, query_start_loc
 
 amx = pytest.importorskip("paged_attention.kernels.amx")
+numba = pytest.importorskip("numba")
 needs_amx = pytest.mark.skipif(not amx.permitted(), reason="this processor (or process) has no AMX")
 
 
@@ -28,6 +30,25 @@ def test_the_tile_record_names_each_tiles_rows_and_width_and_refuses_what_a_tile
     for shape in ({0: (17, 64)}, {1: (16, 65)}, {8: (1, 4)}, {2: (0, 4)}):
         with pytest.raises(ValueError, match="allowed: 1-16 rows of 1-64 bytes"):
             amx.config(shape)
+
+
+@numba.njit(boundscheck=False)
+def _layouts(block, weights, transposed, spread):  # pragma: no cover - compiled
+    amx.transpose16(transposed, 0, block, 0)
+    amx.spread16(spread, 0, weights, 0)
+
+
+def test_the_tile_layouts_transpose_a_block_and_spread_weights_over_even_and_odd_slots():
+    """Vector shuffles only (no tile instruction): checked on any processor."""
+    generator = np.random.default_rng(3)
+    block = generator.integers(0, 2**32, (16, 16), dtype=np.uint32)
+    weights = torch.randn(16, 16).bfloat16().float().numpy()  # rounded to bfloat16, as the softmax's
+    transposed, spread = np.zeros((16, 16), np.uint32), np.zeros((2, 16, 16), np.uint32)
+    _layouts(block, weights, transposed, spread)
+    np.testing.assert_array_equal(transposed, block.T)
+    bits = weights.view(np.uint32).T  # a row per column, a word per position
+    np.testing.assert_array_equal(spread[0], bits >> 16)  # even slots: the low halves
+    np.testing.assert_array_equal(spread[1], bits)  # odd slots: the high halves (low halves zero)
 
 
 def test_amx_can_be_switched_off_from_the_environment():
@@ -89,7 +110,7 @@ def test_decode_and_prompts_on_the_tiles_match_the_reference(heads, head_dim, bl
 
 
 @needs_amx
-@pytest.mark.parametrize(("heads", "head_dim", "block_size"), [*CASES[:3], CASES[4]])
+@pytest.mark.parametrize(("heads", "head_dim", "block_size"), CASES)
 def test_a_row_gets_the_same_bits_in_a_prompt_after_a_cached_prefix_and_as_a_decode_step(
     heads, head_dim, block_size
 ):

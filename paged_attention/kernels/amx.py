@@ -137,6 +137,11 @@ def _join(builder, a, b):
 _WORDS = ir.VectorType(_I32, 16)
 
 
+def _words(array: types.Type) -> bool:
+    """Whether ``array`` is a Numba array of 32-bit elements (what the transpositions move)."""
+    return isinstance(array, types.Array) and array.dtype.bitwidth == 32
+
+
 def _columns16(context, builder, array_type, array, first):
     """The 16 columns of the 16 x 16 block of 32-bit words at ``array[first:]`` (rows 16 words
     apart), each as a vector: one transposition in vector shuffles."""
@@ -174,7 +179,8 @@ def transpose16(typingctx, target, at, source, first):
             )
         return context.get_dummy_value()
 
-    return types.void(target, types.int64, source, types.int64), codegen
+    if _words(target) and _words(source):
+        return types.void(target, types.int64, source, types.int64), codegen
 
 
 @intrinsic
@@ -198,7 +204,8 @@ def spread16(typingctx, target, at, weights, first):
                 )
         return context.get_dummy_value()
 
-    return types.void(target, types.int64, weights, types.int64), codegen
+    if _words(target) and _words(weights):
+        return types.void(target, types.int64, weights, types.int64), codegen
 
 
 def config(shapes: dict[int, tuple[int, int]]) -> np.ndarray:

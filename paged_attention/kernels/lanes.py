@@ -1,9 +1,9 @@
 """Sixteen float32 lanes (one AVX-512 register) as a Numba value, for code that works on 16
-columns at once (:func:`.loop_amx.soften`).
+columns at once (:mod:`.column_softmax`).
 
 Numba leaves vectorizing to LLVM, which vectorizes a loop only when it can prove its arrays do not
 overlap. A loop over 16 columns inside a loop over 32 positions is unrolled first, and then stays
-scalar: 16 times the instructions (measured: a chunk's softmax 1.1 us instead of about 0.1). These
+scalar: 16 times the instructions (measured: a chunk's softmax 1.1 us instead of 0.19). These
 intrinsics say the vector code outright: ``Lanes`` is LLVM's ``<16 x float>``, held in a register,
 and every operation is one vector instruction (or a short fixed sequence of them).
 
@@ -12,8 +12,6 @@ and every operation is one vector instruction (or a short fixed sequence of them
 * :func:`power2`: ``2**x`` for ``x <= 0`` (softmax weights, as ``2**((s - max) log2(e))``);
 * :func:`rounded`: to bfloat16's precision, nearest even (finite values);
 * :func:`keep`: ``x`` where ``t < limits[c]`` (``limits``: 16 ``int32``), ``fill`` elsewhere;
-* :func:`store_bits`: the lanes' top halves (bfloat16 bits of rounded values) as 16 ``uint16``;
-* :func:`store_pairs`: two rounded rows as 16 ``uint32`` pairs (``B``'s layout, :mod:`.amx`);
 * :func:`aligned`: scratch arrays that start on a 64-byte line.
 
 No instruction may be reordered or fused (:data:`_EXACT`), even inside a fast-math function, so
@@ -68,7 +66,8 @@ def _splat(value, kind=_VECTOR):
 
 @intrinsic
 def load(typingctx, array, offset):
-    """Lanes from ``array[offset : offset + 16]`` (float32)."""
+    """Lanes from the 64 bytes that start at element ``offset`` of ``array`` (16 float32; of an
+    array of another kind, its bits: 32 ``uint16`` or 16 ``uint32``)."""
 
     def codegen(context, builder, signature, args):
         return builder.load(_pointer(context, builder, signature, args, _VECTOR), align=4)
@@ -78,7 +77,7 @@ def load(typingctx, array, offset):
 
 @intrinsic
 def store(typingctx, array, offset, x):
-    """``array[offset : offset + 16] = x`` (float32)."""
+    """``x`` into the 64 bytes that start at element ``offset`` of ``array`` (as :func:`load`)."""
 
     def codegen(context, builder, signature, args):
         builder.store(args[2], _pointer(context, builder, signature, args, _VECTOR), align=4)
@@ -121,13 +120,15 @@ def _operator(op, function):
             return lambda a, b: function(a, b)
 
 
-for _op, _function in ((operator.add, _add), (operator.sub, _sub), (operator.mul, _mul)):
-    _operator(_op, _function)
+for _python, _lanewise in ((operator.add, _add), (operator.sub, _sub), (operator.mul, _mul)):
+    _operator(_python, _lanewise)
 
 
 #: Every float instruction here carries this flag (signed zeros may be ignored: no value here
 #: depends on a zero's sign), so that Numba's fast-math pass, which flags only instructions that
-#: have none, leaves them as written: no reordering, no fused multiply-adds.
+#: have none, leaves them as written: no reordering, no fused multiply-adds. (The calls of LLVM's
+#: ``fma`` and ``rint`` in :func:`power2` carry none: that pass flags only calls that return one
+#: float or double, never a vector.)
 _EXACT = ("nsz",)
 
 
@@ -167,12 +168,12 @@ def _call(builder, name: str, *args):
 
 @intrinsic
 def power2(typingctx, x):
-    """``2**x`` in each lane, for ``x <= 0`` (below -126, as at -126: the least normal float32):
+    """``2**x`` in each lane, ``x`` clamped to [-126, 0] (-126: the least normal float32):
     ``x = n + f`` with ``n`` the nearest integer and ``|f| <= 1/2``; ``2**f`` by :data:`_POWER2`'s
     polynomial in fused multiply-adds, ``2**n`` written into the exponent's bits."""
 
     def codegen(context, builder, signature, args):
-        x = _max(builder, args[0], _splat(-126.0))
+        x = _min(builder, _max(builder, args[0], _splat(-126.0)), _splat(0.0))  # (masked lanes: anything)
         n = _call(builder, "llvm.rint", x)
         f = _op(builder, "fsub", x, n)
         p = _splat(_POWER2[0])
@@ -209,37 +210,8 @@ def keep(typingctx, x, limits, t, fill):
         below = builder.icmp_signed("<", builder.shuffle_vector(one, one, _splat(0, _WORDS)), bounds)
         return builder.select(below, args[0], args[3])
 
-    return lanes(lanes, limits, t, lanes), codegen
-
-
-@intrinsic
-def store_bits(typingctx, array, offset, x):
-    """``array[offset : offset + 16]`` (``uint16``) = each lane's top 16 bits: the bfloat16 bits of
-    a :func:`rounded` value."""
-
-    def codegen(context, builder, signature, args):
-        top = builder.trunc(builder.lshr(builder.bitcast(args[2], _WORDS), _splat(16, _WORDS)),
-                            ir.VectorType(_HALF, LANES))  # fmt: skip
-        address = _pointer(context, builder, signature, args, top.type)
-        builder.store(top, address, align=2)
-        return context.get_dummy_value()
-
-    return types.void(array, offset, lanes), codegen
-
-
-@intrinsic
-def store_pairs(typingctx, array, offset, even, odd):
-    """``array[offset : offset + 16]`` (``uint32``) = lane by lane, ``even``'s bfloat16 bits in the
-    low half and ``odd``'s in the high half (both :func:`rounded`): a row of a ``B`` tile."""
-
-    def codegen(context, builder, signature, args):
-        low = builder.lshr(builder.bitcast(args[2], _WORDS), _splat(16, _WORDS))
-        high = builder.and_(builder.bitcast(args[3], _WORDS), _splat(-0x10000, _WORDS))
-        address = _pointer(context, builder, signature, args, _WORDS)
-        builder.store(builder.or_(low, high), address, align=4)
-        return context.get_dummy_value()
-
-    return types.void(array, offset, lanes, lanes), codegen
+    if isinstance(limits, types.Array) and limits.dtype == types.int32:
+        return lanes(lanes, limits, t, lanes), codegen
 
 
 @njit(inline="always")

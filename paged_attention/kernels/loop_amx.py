@@ -5,7 +5,8 @@
   last of its ``seq_lens[s]`` positions) over its blocks, in place; ``rows`` query rows at a time
   (1 for decode), ``record`` the tile shapes from :func:`shapes`. Arrays as in :mod:`.loop_nest`
   (bfloat16 as ``uint16`` bits); the caches contiguous, their block size a multiple of 16, the
-  head size a multiple of 32, ``rows * group <= 16``.
+  head size a multiple of 32, ``rows * group <= 16``; the query's rows and heads at any strides,
+  each head's dimensions contiguous.
 * ``decode_layer(query, key, value, caches, layer, slots, blocks, seq_lens, scale, record, out)``:
   :func:`.loop_nest.store` then ``attend`` for one layer of a decode step.
 
@@ -15,7 +16,7 @@ heads, GQA) sweep the positions the tile may see, 32 at a time:
 1. scores ``S^T[32, columns] = K . Q^T`` on the tiles, the key rows loaded from the cache as they
    lie (16 positions, 32 dimensions a tile; a tile of 16 positions never crosses a block), stored
    as rows of 16 vector lanes: a lane per column, the columns of as many KV heads as fit;
-2. the online softmax of all those columns at once (:func:`soften`, on :mod:`.lanes`), in float32,
+2. the online softmax of all those columns at once (:mod:`.column_softmax`), in float32,
    over the positions each column's row may see (the others get weight 0 and are never part of its
    maximum); the weights rounded to bfloat16, the tiles' input;
 3. the weights of each 16 positions transposed into two ``A`` tiles, a row per column
@@ -62,15 +63,15 @@ import numpy as np
 from numba import njit
 
 from . import amx, lanes
+from .column_softmax import CHUNK, soften
 from .lanes import LANES
 from .loop_nest import narrow_bits, prefetch, stamp, store
 
 stamp(Path(__file__))
 stamp(Path(__file__), Path(amx.__file__))  # the intrinsics are compiled into these loops too
 stamp(Path(__file__), Path(lanes.__file__))  # and the vector lanes
+stamp(Path(__file__), Path(__file__).with_name("column_softmax.py"))  # and the softmax
 
-#: Positions a chunk of the sweep covers: one value product consumes 32 (16 pairs).
-CHUNK = 32
 
 _load_key, _load_key2, _load_query, _load_query2 = amx.load(1), amx.load(2), amx.load(3), amx.load(4)
 _load_weights, _load_values, _load_acc = amx.load(5), amx.load(6), amx.load(7)
@@ -82,9 +83,10 @@ _score, _score2, _weigh = amx.dot(0, 1, 3), amx.dot(0, 2, 4), amx.dot(7, 5, 6)
 def shapes(columns: int) -> np.ndarray:
     """The tile record for ``columns`` query heads of one KV head (``rows x group``, at most 16):
     0 scores ``[16 positions, columns]`` float32; 1-2 keys ``[16, 32]`` bfloat16; 3-4 queries in
-    pairs ``[16, columns]``; 5 weights spread over even or odd slots ``[columns, 32]``; 6 value rows
-    as they lie ``[16 positions, 32]`` (16 pairs of dimensions); 7 accumulator ``[columns, 16]``
-    float32 (even or odd dimensions)."""
+    pairs ``[16, columns]``; 5 weights ``[columns, 32]`` in even or odd slots; 6 value rows as they
+    lie ``[16 positions, 32]`` (16 pairs of dimensions); 7 accumulator ``[columns, 16]`` float32
+    (even or odd dimensions). Where ``2 x columns <= 16``, tiles 5 and 7 have ``2 x columns``
+    rows: the even rows, then the odd ones."""
     wide, stacked = 4 * columns, 2 * columns if 2 * columns <= 16 else columns  # both parities a tile
     return amx.config({0: (16, wide), 1: (16, 64), 2: (16, 64), 3: (16, wide), 4: (16, wide),
                        5: (stacked, 64), 6: (16, 64), 7: (stacked, 64)})  # fmt: skip
@@ -108,68 +110,23 @@ def _fetch(key_cache, value_cache, ahead, span, i, per):
 
 
 @njit(inline="always")
-def _weight(scores, t, peak, factor, visible, zero):
-    """Position ``t``'s weights, ``2**((s - peak) scale log2(e))`` rounded to bfloat16; 0 where
-    the column may not see it."""
-    x = lanes.power2((lanes.load(scores, t * LANES) - peak) * factor)
-    return lanes.keep(lanes.rounded(x), visible, t, zero)
-
-
-@njit(inline="always")
-def soften(scores, visible, scale, best, total, weights):
-    """One chunk's step of the online softmax for 16 query columns at once, a vector lane each
-    (:mod:`.lanes`): ``scores[CHUNK * 16]`` the chunk's raw scores (``S^T``, a row of 16 lanes per
-    position), ``visible[c]`` (``int32``) how many of its positions lane ``c`` may see (the others
-    get weight 0 and are never part of its maximum); ``best``/``total`` (16 each) the running maximum
-    of the raw scores and the running sum, updated; ``weights[CHUNK * 16]`` the weights written,
-    rounded to bfloat16 (the tiles' input). Returns what each lane's accumulator must be multiplied
-    by first. The scale is folded into the exponent (``e**(scale x) = 2**(scale log2(e) x)``), so the
-    scores are read twice and never written. Shared by both kernels, so that a row gets the same
-    bits in each: every lane runs the same instructions, none reordered or fused (:mod:`.lanes`),
-    the sum in one order (four running sums, ``t % 4``, then ``(0 + 1) + (2 + 3)``). Measured: 0.19
-    us a call, 16 columns; a column at a time (vectorized along the positions) took 0.1 us each."""
-    low, zero = lanes.splat(np.float32(-1e30)), lanes.splat(np.float32(0.0))
-    factor = lanes.splat(np.float32(scale * 1.4426950408889634))  # e**(scale s) = 2**(scale log2(e) s)
-    old = lanes.load(best, 0)
-    peak = old
-    for t in range(CHUNK):
-        peak = lanes.maximum(peak, lanes.keep(lanes.load(scores, t * LANES), visible, t, low))
-    lanes.store(best, 0, peak)
-    rescale = lanes.power2((old - peak) * factor)
-    s0, s1, s2, s3 = zero, zero, zero, zero
-    for t in range(0, CHUNK, 4):
-        w0 = _weight(scores, t, peak, factor, visible, zero)
-        w1 = _weight(scores, t + 1, peak, factor, visible, zero)
-        w2 = _weight(scores, t + 2, peak, factor, visible, zero)
-        w3 = _weight(scores, t + 3, peak, factor, visible, zero)
-        lanes.store(weights, t * LANES, w0)
-        lanes.store(weights, (t + 1) * LANES, w1)
-        lanes.store(weights, (t + 2) * LANES, w2)
-        lanes.store(weights, (t + 3) * LANES, w3)
-        s0, s1, s2, s3 = s0 + w0, s1 + w1, s2 + w2, s3 + w3
-    lanes.store(total, 0, lanes.load(total, 0) * rescale + ((s0 + s1) + (s2 + s3)))
-    return rescale
-
-
-@njit(inline="always")
-def ask(words, heads, first, used, context, group, pairs, limit, block):
-    """A tile's queries, rows ``first:first + used`` of the query (``words``: all of it as ``uint32``
-    pairs of dimensions, ``heads`` query heads a row; the first row at position ``context``), as
-    ``B`` tiles: ``pairs[h, step, p, c]`` holds dimensions ``32 step + 2p`` and ``+ 1`` of column
-    ``c`` (row ``c // group``, query head ``h * group + c % group``; idle columns zeros), each tile
-    the transpose of the columns' rows (:func:`.amx.transpose16`, ``block``: 16 x 16 words of
-    scratch); ``limit[c]`` the last position column ``c`` may see (-1: an idle column)."""
+def lay_queries(query, first, used, context, group, pairs, limit, block):
+    """A tile's queries, rows ``query[first:first + used]`` (the first at position ``context``; each
+    head's dimensions contiguous, the rows and heads at any strides), as ``B`` tiles:
+    ``pairs[h, step, p, c]`` holds dimensions ``32 step + 2p`` and ``+ 1`` of column ``c`` (row
+    ``c // group``, query head ``h * group + c % group``; idle columns zeros), each tile the
+    transpose of the columns' rows (:func:`.amx.transpose16`, ``block``: 16 x 16 words of scratch);
+    ``limit[c]`` the last position column ``c`` may see (-1: an idle column)."""
     num_kv_heads, steps = pairs.shape[0], pairs.shape[1]
-    half_dim = 16 * steps
     limit[:] = -1
     block[:] = 0
     for h in range(num_kv_heads):
         for step in range(steps):
             c = 0
             for r in range(used):
-                at = ((first + r) * heads + h * group) * half_dim + step * 16
                 for g in range(group):
-                    lanes.store(block, c * 16, lanes.load(words, at + g * half_dim))  # 16 words, as bits
+                    head = query[first + r, h * group + g]  # 32 bfloat16 a step: 16 pairs, as bits
+                    lanes.store(block, c * 16, lanes.load(head, step * 32))
                     limit[c] = context + r
                     c += 1
             amx.transpose16(pairs, (h * steps + step) * 16 * LANES, block, 0)
@@ -179,7 +136,7 @@ def ask(words, heads, first, used, context, group, pairs, limit, block):
 def score(key_cache, key_at, row, pairs, scores):
     """``scores[:16, :columns]`` (rows of 16 lanes) = ``S^T`` of 16 positions and one KV head's
     columns: the key rows that start at element ``key_at`` of the cache, ``row`` elements apart,
-    times the head's query pairs (``pairs[step, p, c]``, from :func:`ask`), 32 dimensions a step."""
+    times the head's query pairs (``pairs[step, p, c]``, :func:`lay_queries`), 32 dimensions a step."""
     steps = pairs.shape[0]
     _zero_scores()
     for step in range(steps):
@@ -214,6 +171,81 @@ def finish(acc, total, out, first, used, group):
                 o[d] = narrow_bits(a[d] * inverse)
 
 
+@njit(inline="always")
+def _ahead(blocks, seq_lens, starts, seqs, k, rows, base, last, r0, count, block_size, row, ahead, span):
+    """Where the chunk after the one at ``base`` starts (``ahead``, each half) and how many elements
+    (``span``): the next of this sweep, the next tile's first, or the next sequence's first."""
+    span[:] = 0
+    s = seqs[k]
+    nxt, upto = s, last + 1
+    if base + CHUNK <= last:
+        start = base + CHUNK
+    elif r0 + rows < count:
+        start = 0
+    elif k + 1 < seqs.shape[0]:
+        nxt, start = seqs[k + 1], 0
+        new = starts[nxt + 1] - starts[nxt]
+        upto = seq_lens[nxt] - new + min(rows, new)  # the end of its first tile's sweep
+    else:
+        start = upto
+    for half in range(2):
+        if start + 16 * half < upto:
+            ahead[half] = _chunk_at(blocks, nxt, start + 16 * half, block_size, row)
+            span[half] = min(16, upto - start - 16 * half) * row
+
+
+@njit(inline="always")
+def _rescale(halves, rescale, h, lane, columns):
+    """Head ``h``'s accumulators (``halves[h]``: every 32 dimensions, both parities, a row per
+    column) times their columns' rescale (lanes ``lane``, ``lane + 1``, ...); a factor of exactly
+    1 skipped (the same bits)."""
+    groups = halves.shape[1]
+    for c in range(columns):
+        r = rescale[lane + c]
+        if r != np.float32(1.0):
+            factor = lanes.splat(r)
+            for g in range(2 * groups):  # each 32 dimensions, both parities
+                x = ((h * 2 * groups + g) * columns + c) * 16
+                lanes.store(halves, x, lanes.load(halves, x) * factor)
+
+
+@njit(inline="always")
+def _stack(spread, stacked, p, h, lane, columns):
+    """Head ``h``'s even rows, then its odd rows, of both halves' ``A`` tiles (``spread`` of pass
+    ``p``, rows ``lane`` on) into ``stacked[h]``: one tile for both parities."""
+    for half in range(2):
+        for c in range(columns):
+            even = ((p * 2 + half) * 2 * LANES + lane + c) * 16
+            for parity in range(2):
+                row = lanes.load(spread, even + parity * LANES * 16)
+                lanes.store(stacked, ((h * 2 + half) * 2 * columns + parity * columns + c) * 16, row)
+
+
+@njit(inline="always")
+def _tail(flat_values, source, kept, flat_tail):
+    """The last half's value rows (``kept`` elements from ``source``: its rows lie one after
+    another in a block) into ``flat_tail``, zeros after them (a zero weight times NaN is NaN)."""
+    for e in range(0, kept, 32):  # 32 bfloat16 a vector, as bits
+        lanes.store(flat_tail, e, lanes.load(flat_values, source + e))
+    for e in range(kept, flat_tail.shape[0], 32):
+        lanes.store(flat_tail, e, lanes.splat(np.float32(0.0)))
+
+
+@njit(inline="always")
+def _unfold(halves, total, fold, acc, sums):
+    """The accumulators' dimensions back in order (``acc[h, c, d]``) and the sums a row per KV
+    head (``sums[h, c]``), as :func:`finish` reads them."""
+    columns, groups = acc.shape[1], halves.shape[1]
+    for h in range(acc.shape[0]):
+        for c in range(columns):
+            a = acc[h, c]
+            sums[h, c] = total[h // fold, (h % fold) * columns + c]
+            for g in range(groups):
+                for n in range(16):
+                    a[g * 32 + 2 * n] = halves[h, g, 0, c, n]
+                    a[g * 32 + 2 * n + 1] = halves[h, g, 1, c, n]
+
+
 @njit(fastmath=True, cache=True, boundscheck=False, nogil=True, error_model="numpy")
 def attend(
     query, key_cache, value_cache, blocks, seq_lens, starts, seqs, scale, rows, record, out
@@ -228,20 +260,17 @@ def attend(
     line = 32  # bfloat16 elements in a 64-byte cache line
     fold = LANES // columns  # KV heads whose columns share the softmax's lanes
     passes = (num_kv_heads + fold - 1) // fold
+    together = 2 if 2 * columns <= 16 else 1  # parities one A tile holds (its rows: 16 at most)
     pairs = lanes.aligned((num_kv_heads, steps, 16, LANES), np.uint32)  # queries as B tiles
     block = lanes.aligned((16, 16), np.uint32)
-    words = query.reshape(-1).view(np.uint32)  # pairs of dimensions
     scores = lanes.aligned((passes, CHUNK, LANES), np.float32)  # S^T, lane (h % fold) columns + c
-    # A tiles of each pass and half: even, then odd (amx.spread16), a row per lane
-    spread = lanes.aligned((passes, 2, 2, LANES, 16), np.uint32)
+    weights = lanes.aligned((CHUNK, LANES), np.float32)  # the softmax's, a row per position
+    spread = lanes.aligned((passes, 2, 2, LANES, 16), np.uint32)  # A: each half even, then odd
+    stacked = lanes.aligned((num_kv_heads, 2, 2 * columns, 16), np.uint32)  # A: a head's both
     tail = lanes.aligned((16, row), np.uint16)  # a last half's value rows, zeros past the sequence
-    rounded = lanes.aligned((CHUNK, LANES), np.float32)  # the softmax's weights
     rescale = lanes.aligned((LANES,), np.float32)
-    acc = lanes.aligned((num_kv_heads, columns, head_dim), np.float32)  # as finish reads it
-    # the accumulator by 32 dimensions and parity, and whether one tile holds both parities' rows
-    halves = lanes.aligned((num_kv_heads, head_dim // 32, 2, columns, 16), np.float32)
-    stack = 2 if 2 * columns <= 16 else 1
-    stacked = lanes.aligned((num_kv_heads, 2, 2 * columns, 16), np.uint32)  # A: even rows, odd rows
+    halves = lanes.aligned((num_kv_heads, head_dim // 32, 2, columns, 16), np.float32)  # by parity
+    acc = lanes.aligned((num_kv_heads, columns, head_dim), np.float32)  # in order, for finish
     best = lanes.aligned((passes, LANES), np.float32)
     total = lanes.aligned((passes, LANES), np.float32)
     sums = np.empty((num_kv_heads, LANES), np.float32)  # total, a row per KV head
@@ -250,7 +279,7 @@ def attend(
     at = np.zeros(2, np.int64)  # where this chunk's two halves start
     ahead = np.zeros(2, np.int64)  # where the next chunk's halves start, and how many elements
     span = np.zeros(2, np.int64)
-    calls = num_kv_heads * (2 + head_dim // 32 * 4 // stack) + passes  # _fetch's calls a chunk
+    calls = num_kv_heads * (2 + head_dim // 32 * 4 // together) + passes  # _fetch's calls a chunk
     per = (16 * row // line + calls - 1) // calls  # cache lines each asks for, a half
     flat_values, flat_tail = value_cache.reshape(-1), tail.reshape(-1)
     amx.configure(record)
@@ -261,87 +290,61 @@ def attend(
         for r0 in range(0, count, rows):
             used = min(rows, count - r0)
             last = context + r0 + used - 1
-            ask(words, num_heads, first + r0, used, context + r0, group, pairs, limit, block)
+            lay_queries(query, first + r0, used, context + r0, group, pairs, limit, block)
             begin(halves, best, total)
             for base in range(0, last + 1, CHUNK):
                 size = min(CHUNK, last + 1 - base)
                 for half in range(2):
                     if 16 * half < size:
                         at[half] = _chunk_at(blocks, s, base + 16 * half, block_size, row)
-                # the next chunk: of this sweep, the next tile's first, or the next sequence's first
-                span[:] = 0
-                nxt, upto = s, last + 1
-                if base + CHUNK <= last:
-                    start = base + CHUNK
-                elif r0 + rows < count:
-                    start = 0
-                elif k + 1 < seqs.shape[0]:
-                    nxt, start = seqs[k + 1], 0
-                    new = starts[nxt + 1] - starts[nxt]
-                    upto = seq_lens[nxt] - new + min(rows, new)  # the end of its first tile's sweep
-                else:
-                    start = upto
-                for half in range(2):
-                    if start + 16 * half < upto:
-                        ahead[half] = _chunk_at(blocks, nxt, start + 16 * half, block_size, row)
-                        span[half] = min(16, upto - start - 16 * half) * row
+                _ahead(
+                    blocks,
+                    seq_lens,
+                    starts,
+                    seqs,
+                    k,
+                    rows,
+                    base,
+                    last,
+                    r0,
+                    count,
+                    block_size,
+                    row,
+                    ahead,
+                    span,
+                )
                 i = 0
                 for h in range(num_kv_heads):  # 1. scores
+                    lane = (h % fold) * columns
                     for half in range(2):
                         i = _fetch(key_cache, value_cache, ahead, span, i, per)
-                        if half * 16 >= size:
-                            continue
-                        lane = (h % fold) * columns
-                        score(
-                            key_cache,
-                            at[half] + h * head_dim,
-                            row,
-                            pairs[h],
-                            scores[h // fold, 16 * half :, lane:],
-                        )
+                        if half * 16 < size:
+                            chunk = scores[h // fold, 16 * half :, lane:]
+                            score(key_cache, at[half] + h * head_dim, row, pairs[h], chunk)
                 for lane in range(LANES):
                     c = lane % columns if lane < fold * columns else LANES
                     visible[lane] = max(0, min(size, limit[c] + 1 - base)) if c < LANES else 0
-                for p in range(passes):  # 2. online softmax, every column of ``fold`` KV heads at once
+                for p in range(passes):  # 2. the softmax of ``fold`` KV heads' columns; 3. A tiles
                     i = _fetch(key_cache, value_cache, ahead, span, i, per)
-                    lanes.store(rescale, 0, soften(scores[p], visible, scale, best[p], total[p], rounded))
+                    lanes.store(rescale, 0, soften(scores[p], visible, scale, best[p], total[p], weights))
                     for half in range(2):
-                        amx.spread16(spread, (p * 2 + half) * 2 * LANES * 16, rounded, half * 16 * LANES)
+                        amx.spread16(spread, (p * 2 + half) * 2 * LANES * 16, weights, half * 16 * LANES)
                     for h in range(p * fold, min(num_kv_heads, (p + 1) * fold)):
-                        for c in range(columns):  # the accumulators rescaled
-                            r = rescale[(h % fold) * columns + c]
-                            if r != np.float32(1.0):
-                                factor = lanes.splat(r)
-                                for g in range(2 * (head_dim // 32)):  # each group, both parities
-                                    x = (((h * 2 * (head_dim // 32)) + g) * columns + c) * 16
-                                    lanes.store(halves, x, lanes.load(halves, x) * factor)
-                        if stack == 2:  # one tile: the head's even rows, then its odd rows
-                            for half in range(2):
-                                for c in range(columns):
-                                    even = ((p * 2 + half) * 2 * LANES + (h % fold) * columns + c) * 16
-                                    for parity in range(2):
-                                        x = lanes.load(spread, even + parity * LANES * 16)
-                                        lanes.store(
-                                            stacked,
-                                            ((h * 2 + half) * 2 * columns + parity * columns + c) * 16,
-                                            x,
-                                        )
-                if size % 16:  # 3. the last half's rows past the sequence as zeros (NaN x 0 is NaN)
-                    start, kept = at[size // 16], (size % 16) * row  # the rows lie one after another
-                    for e in range(0, kept, 32):  # 32 bfloat16 a vector (as bits)
-                        lanes.store(flat_tail, e, lanes.load(flat_values, start + e))
-                    for e in range(kept, 16 * row, 32):
-                        lanes.store(flat_tail, e, lanes.splat(np.float32(0.0)))
+                        _rescale(halves, rescale, h, (h % fold) * columns, columns)
+                        if together == 2:
+                            _stack(spread, stacked, p, h, (h % fold) * columns, columns)
+                if size % 16:  # the last half's rows past the sequence
+                    _tail(flat_values, at[size // 16], (size % 16) * row, flat_tail)
                 for h in range(num_kv_heads):  # 4. acc += P . V, even and odd dimensions apart
                     for g in range(head_dim // 32):
-                        for parity in range(0, 2, stack):
+                        for parity in range(0, 2, together):
                             acc_at = (((h * (head_dim // 32) + g) * 2 + parity) * columns) * 16
                             _load_acc(halves, acc_at, 64)
                             for half in range(2):
                                 i = _fetch(key_cache, value_cache, ahead, span, i, per)
                                 if 16 * half >= size:
                                     continue
-                                if stack == 2:
+                                if together == 2:
                                     _load_weights(stacked, (h * 2 + half) * 2 * columns * 16, 64)
                                 else:
                                     tile = ((h // fold * 2 + half) * 2 + parity) * LANES + (
@@ -354,16 +357,7 @@ def attend(
                                     _load_values(tail, h * head_dim + g * 32, row * 2)
                                 _weigh()
                             _store_acc(halves, acc_at, 64)
-            for h in range(num_kv_heads):  # the dimensions back in order, for finish
-                for c in range(columns):
-                    a = acc[h, c]
-                    for g in range(head_dim // 32):
-                        for n in range(16):
-                            a[g * 32 + 2 * n] = halves[h, g, 0, c, n]
-                            a[g * 32 + 2 * n + 1] = halves[h, g, 1, c, n]
-            for h in range(num_kv_heads):
-                for c in range(columns):
-                    sums[h, c] = total[h // fold, (h % fold) * columns + c]
+            _unfold(halves, total, fold, acc, sums)
             finish(acc, sums, out, first + r0, used, group)
     amx.release()
 

@@ -41,15 +41,15 @@ def record(columns: int) -> np.ndarray:
 
 def attend(query, key_cache, value_cache, blocks, seq_lens, starts, seqs, scale, rows, out) -> None:
     """Causal attention of the sequences ``seqs`` (NumPy arrays as :func:`.loop_amx.attend` takes
-    them) by :func:`.loop_amx.attend`: those with more new tokens than ``rows`` a tile of ``rows``
-    rows, the others a tile of as many as the longest of them needs (decode: 1, no idle columns).
-    A row gets the same bits either way."""
-    from .loop_amx import attend as tiled
+    them): those with more new tokens than ``rows`` in tiles of ``rows`` query rows, the others in
+    tiles of as many rows as the longest of them needs (decode: 1, no idle columns). A row gets
+    the same bits either way."""
+    from .loop_amx import attend as on_tiles
 
     group = query.shape[1] // key_cache.shape[2]
     counts = starts[seqs + 1] - starts[seqs]
     few = int(counts[counts <= rows].max()) if (counts <= rows).any() else 0
     for chosen, size in ((seqs[counts <= rows], few), (seqs[counts > rows], rows)):
         if len(chosen):
-            tiled(query, key_cache, value_cache, blocks, seq_lens, starts, chosen, scale, size,
-                  record(size * group), out)  # fmt: skip
+            on_tiles(query, key_cache, value_cache, blocks, seq_lens, starts, chosen, scale, size,
+                     record(size * group), out)  # fmt: skip
