@@ -7,9 +7,9 @@ scalar: 16 times the instructions (measured: a chunk's softmax 1.1 us instead of
 intrinsics say the vector code outright: ``Lanes`` is LLVM's ``<16 x float>``, held in a register,
 and every operation is one vector instruction (or a short fixed sequence of them).
 
-* :func:`load`, :func:`store`: 16 consecutive float32 of an array, from or to element ``offset``;
+* :func:`load`, :func:`store`: the 64 bytes of an array from element ``offset`` (16 float32, or as bits);
 * :func:`splat`: one float32 in every lane; ``+``, ``-`` and ``*`` lane by lane; :func:`maximum`;
-* :func:`power2`: ``2**x`` for ``x <= 0`` (softmax weights, as ``2**((s - max) log2(e))``);
+* :func:`power2`: ``2**x`` on [-126, 0] (softmax weights, as ``2**((s - max) log2(e))``);
 * :func:`rounded`: to bfloat16's precision, nearest even (finite values);
 * :func:`keep`: ``x`` where ``t < limits[c]`` (``limits``: 16 ``int32``), ``fill`` elsewhere;
 * :func:`aligned`: scratch arrays that start on a 64-byte line.
@@ -32,7 +32,7 @@ from numba.extending import intrinsic, models, overload, register_model
 #: Lanes in one value: float32 columns in a 512-bit register.
 LANES = 16
 
-_FLOAT, _WORD, _HALF = ir.FloatType(), ir.IntType(32), ir.IntType(16)
+_FLOAT, _WORD = ir.FloatType(), ir.IntType(32)
 _VECTOR, _WORDS = ir.VectorType(_FLOAT, LANES), ir.VectorType(_WORD, LANES)
 
 
