@@ -41,16 +41,19 @@ beside zeros: 10 rows of 240 had an element that differed from the decode step's
 While one chunk is computed, the next one's keys and values are prefetched, a few cache lines at
 every step of it (:func:`_fetch`), so that memory is kept busy while the tiles work.
 
-Measured (one thread, 2-core Xeon with AMX, alternating): decode of SmolLM2's heads, 64 sequences of
-100-430 tokens, block size 16, 30 layers' caches: 1.41-1.44 ms a layer (0.66-0.68 with the cache in
-L2) against 2.3 for :func:`.loop_nest.decode`; a plain walk over the same blocks reads them in 1.2-1.3
-ms; vLLM 0.32's AMX kernel took 1.5 ms on its own head-major layout (block size 32 or 128), its
-AVX-512 kernel 2.7-2.8 ms. With the softmax a column at a time (vectorized along the 32 positions)
-and the values rearranged into pairs of positions for every chunk: 1.87 ms (1.0-1.15 in L2).
-Prompts (16 of 27-300 tokens, 2,520 in all): 5.5-5.7 ms a layer against 7.2-7.3 for torch's SDPA
-over the gathered pages (which does not compute a row alone) and 23.1 for the loop nest. Timed
-with the processor's cycle counter, a prompt call spends a third of its time in the softmax and
-the weights' transposition, a fifth in the values' product, a sixth writing the queries as tiles.
+Measured (one thread, 2-core Xeon with AMX, alternating; the ranges span this host's drift within
+a day): decode of SmolLM2's heads, 64 sequences of 100-430 tokens, block size 16, 30 layers' caches:
+1.41-1.53 ms a layer (0.66-0.75 with the cache in L2) against 2.3 for :func:`.loop_nest.decode`; a
+plain walk over the same blocks reads them in 1.2-1.3 ms; vLLM 0.32's AMX kernel took 1.5 ms on its
+own head-major layout (block size 32 or 128), its AVX-512 kernel 2.7-2.8 ms. With the softmax a
+column at a time (vectorized along the 32 positions) and the values rearranged into pairs of
+positions for every chunk: 1.87 ms (1.0-1.15 in L2). Prompts (16 of 27-300 tokens, 2,520 in all):
+5.5-6.4 ms a layer, 0.67-0.77 of the time of torch's SDPA over the gathered pages in the same runs
+(7.2-9.3 ms; SDPA does not compute a row alone), against 23.1 for the loop nest. Timed with the
+processor's cycle counter, a prompt call spends 39% of its time in the softmax, the weights'
+transposition and the rescale, 26% in the values' product, 12% in the scores, 12% putting the
+accumulators back in order and writing the rows out, 7% laying out the queries; a decode call
+(caches in L2) 36%, 23%, 24%, 3% and 4%.
 Prefetching the next chunk all at once at its start was slower (the fill buffers run out and the
 pipeline stalls), and so was the values' product with vector multiply-adds instead of the tiles.
 """
