@@ -187,30 +187,19 @@ def paged_prefill(
         return False
     order = np.arange(len(seq_lens)) if seqs is None else np.array(seqs, np.int64)
     rows = tiles.rows(query.dtype, key_cache.dtype, query.shape[1], key_cache.shape, k_scale is not None)
+    q, keys, values = (as_numpy(t.detach()) for t in (query.contiguous(), key_cache, value_cache))
+    tables, lens, starts = (
+        t.to(torch.int64).contiguous().numpy() for t in (block_tables, seq_lens, query_start_loc)
+    )
     try:
         from .loop_nest import prefill  # imported late: importing Numba costs half a second
 
         if rows:
-            tiles.attend(as_numpy(query.detach().contiguous()), as_numpy(key_cache.detach()),
-                         as_numpy(value_cache.detach()), block_tables.to(torch.int64).contiguous().numpy(),
-                         seq_lens.to(torch.int64).contiguous().numpy(),
-                         query_start_loc.to(torch.int64).contiguous().numpy(), order, float(scale), rows,
-                         as_numpy(out))  # fmt: skip
-            return True
-        prefill(
-            as_numpy(query.detach().contiguous()),
-            as_numpy(key_cache.detach()),
-            as_numpy(value_cache.detach()),
-            scales(key_cache, k_scale),
-            scales(value_cache, v_scale),
-            fp8_format(key_cache.dtype),
-            block_tables.to(torch.int64).contiguous().numpy(),
-            seq_lens.to(torch.int64).contiguous().numpy(),
-            query_start_loc.to(torch.int64).contiguous().numpy(),
-            order,
-            float(scale),
-            as_numpy(out),
-        )
+            tiles.attend(q, keys, values, tables, lens, starts, order, float(scale), rows, as_numpy(out))
+        else:
+            prefill(q, keys, values, scales(key_cache, k_scale), scales(value_cache, v_scale),
+                    fp8_format(key_cache.dtype), tables, lens, starts, order, float(scale),
+                    as_numpy(out))  # fmt: skip
     except Exception as error:
         give_up(error)  # re-raises anything that is not Numba missing or failing to compile
         return False

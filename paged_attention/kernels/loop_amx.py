@@ -28,7 +28,7 @@ heads, GQA) sweep the positions the tile may see, 32 at a time:
    columns are at most 8, as in decode, one tile holds a head's even rows and then its odd rows:
    half the products); rows past the sequence are copied as zeros first (a zero weight times NaN
    would be NaN). After the rescale of step 2; the two halves of the accumulator are put back in
-   order once the sweep is done.
+   order as the rows are written out.
 
 A column's arithmetic does not depend on the other columns, nor on its lane, nor on where its tile
 starts: the sweep's 32-position chunks start at position 0 for every row, a chunk a row may not see
@@ -163,15 +163,20 @@ def begin(acc, best, total):
 
 
 @njit(inline="always")
-def finish(acc, total, out, first, used, group):
-    """A tile's ``used`` rows (``out[first:first + used]``) written: each column's accumulator over
-    its sum, rounded to bfloat16; column ``c`` is row ``c // group``, query head ``h * group + c % group``."""
+def finish(halves, total, fold, out, first, used, group):
+    """A tile's ``used`` rows (``out[first:first + used]``) written: each column's accumulator
+    (``halves[h, g, parity, c, n]``: dimension ``32 g + 2n + parity``) over its sum (``total`` of
+    the pass ``h // fold``, lane ``(h % fold) columns + c``), rounded to bfloat16; column ``c`` is
+    row ``c // group``, query head ``h * group + c % group``."""
+    columns, groups = halves.shape[3], halves.shape[1]
     for c in range(used * group):
-        for h in range(acc.shape[0]):
-            inverse = np.float32(1.0) / total[h, c]
-            a, o = acc[h, c], out[first + c // group, h * group + c % group]
-            for d in range(acc.shape[2]):
-                o[d] = narrow_bits(a[d] * inverse)
+        for h in range(halves.shape[0]):
+            inverse = np.float32(1.0) / total[h // fold, (h % fold) * columns + c]
+            o = out[first + c // group, h * group + c % group]
+            for g in range(groups):
+                for n in range(16):
+                    o[g * 32 + 2 * n] = narrow_bits(halves[h, g, 0, c, n] * inverse)
+                    o[g * 32 + 2 * n + 1] = narrow_bits(halves[h, g, 1, c, n] * inverse)
 
 
 @njit(inline="always")
@@ -234,21 +239,6 @@ def _tail(flat_values, source, kept, flat_tail):
         lanes.store(flat_tail, e, lanes.splat(np.float32(0.0)))
 
 
-@njit(inline="always")
-def _unfold(halves, total, fold, acc, sums):
-    """The accumulators' dimensions back in order (``acc[h, c, d]``) and the sums a row per KV
-    head (``sums[h, c]``), as :func:`finish` reads them."""
-    columns, groups = acc.shape[1], halves.shape[1]
-    for h in range(acc.shape[0]):
-        for c in range(columns):
-            a = acc[h, c]
-            sums[h, c] = total[h // fold, (h % fold) * columns + c]
-            for g in range(groups):
-                for n in range(16):
-                    a[g * 32 + 2 * n] = halves[h, g, 0, c, n]
-                    a[g * 32 + 2 * n + 1] = halves[h, g, 1, c, n]
-
-
 @njit(fastmath=True, cache=True, boundscheck=False, nogil=True, error_model="numpy")
 def attend(
     query, key_cache, value_cache, blocks, seq_lens, starts, seqs, scale, rows, record, out
@@ -273,10 +263,8 @@ def attend(
     tail = lanes.aligned((16, row), np.uint16)  # a last half's value rows, zeros past the sequence
     rescale = lanes.aligned((LANES,), np.float32)
     halves = lanes.aligned((num_kv_heads, head_dim // 32, 2, columns, 16), np.float32)  # by parity
-    acc = lanes.aligned((num_kv_heads, columns, head_dim), np.float32)  # in order, for finish
     best = lanes.aligned((passes, LANES), np.float32)
     total = lanes.aligned((passes, LANES), np.float32)
-    sums = np.empty((num_kv_heads, LANES), np.float32)  # total, a row per KV head
     limit = np.full(LANES, -1, np.int64)  # the last position each column may see
     visible = lanes.aligned((LANES,), np.int32)
     at = np.zeros(2, np.int64)  # where this chunk's two halves start
@@ -360,8 +348,7 @@ def attend(
                                     _load_values(tail, h * head_dim + g * 32, row * 2)
                                 _weigh()
                             _store_acc(halves, acc_at, 64)
-            _unfold(halves, total, fold, acc, sums)
-            finish(acc, sums, out, first + r0, used, group)
+            finish(halves, total, fold, out, first + r0, used, group)
     amx.release()
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 
+@functools.cache  # asked once a layer of every decode step: a dictionary lookup after the first
 def rows(
     dtype: torch.dtype, cache_dtype: torch.dtype, heads: int, shape: tuple[int, ...], quantized: bool = False
 ) -> int:
