@@ -85,3 +85,49 @@ def _scratch(n):  # pragma: no cover - compiled
 @pytest.mark.parametrize("n", [1, 5, 33])
 def test_scratch_arrays_start_on_a_64_byte_line_and_hold_zeros(n):
     assert _scratch(n) == (0, 0, (n, 16), (3, n, 7), 0.0, 0)
+
+
+def _dots():
+    @numba.njit(boundscheck=False)
+    def dots(a, b, start, out):  # pragma: no cover - compiled
+        acc = lanes.load(start, 0)
+        for i in range(0, a.size, 32):
+            acc = lanes.dot(acc, lanes.load(a, i), lanes.load(b, i))
+        lanes.store(out, 0, lanes.fma(acc, acc, acc))
+        out[16] = lanes.total(acc)
+
+    return dots
+
+
+def _expected_dots(a, b, start):
+    """lanes.dot's contract in float64 steps rounded to float32 (the products are exact)."""
+    acc = start.astype(np.float32)
+    wa, wb = (torch.from_numpy(v.view(np.int16)).view(torch.bfloat16).double().numpy() for v in (a, b))
+    for i in range(0, a.size, 32):
+        for first in (1, 0):  # the odd element of each pair first, then the even one
+            products = wa[i + first : i + 32 : 2] * wb[i + first : i + 32 : 2]
+            acc = (acc.astype(np.float64) + products).astype(np.float32)
+    return acc
+
+
+@pytest.mark.parametrize("paired", [True, False])
+def test_dot_adds_the_pairs_odd_first_rounding_each_step_with_or_without_the_bf16_instruction(
+    monkeypatch, paired
+):
+    """Both codings of :func:`dot` (AVX512-BF16's instruction where this CPU has it, and fused
+    multiply-adds) give the contract's bits; :func:`total` sums the halves in its fixed order."""
+    if paired and not lanes.paired():
+        pytest.skip("this CPU has no AVX512-BF16")
+    monkeypatch.setattr(lanes, "paired", lambda: paired)
+    generator = np.random.default_rng(1)
+    wide = (generator.standard_normal((2, 32 * 8)) * np.array([[1.0], [300.0]])).astype(np.float32)
+    a, b = (torch.from_numpy(w).bfloat16().view(torch.int16).numpy().view(np.uint16) for w in wide)
+    start = generator.standard_normal(16).astype(np.float32) * 1000  # large: the roundings show
+    out = np.zeros(17, np.float32)
+    _dots()(a, b, start, out)
+    acc = _expected_dots(a, b, start)
+    np.testing.assert_array_equal(out[:16], (acc.astype(np.float64) ** 2 + acc).astype(np.float32))
+    halves = acc.copy()
+    for n in (8, 4, 2, 1):
+        halves = (halves[:n] + halves[n : 2 * n]).astype(np.float32)
+    assert out[16] == halves[0]

@@ -81,12 +81,13 @@ def test_a_close_call_is_not_stored_and_the_eager_backend_measures_nothing(monke
 def test_the_real_probes_time_both_paths_and_restore_the_layers(monkeypatch) -> None:
     llm = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4)
     owners = product_owners(llm.llm_engine.runner.model)
+    kernel = rows.Streamed()
     for owner in owners:  # (whatever this machine chose: the probe needs a kernel to time)
-        owner.rows, owner.prepared = rows.Streamed(), owner.weight
+        owner.rows, owner.prepared = kernel, kernel.prepare(owner.weight.detach(), owner.bias, owner.product)
     kept = [o.prepared for o in owners]
     calls = []
-    real = rows.linear_rows
-    monkeypatch.setattr(rows, "linear_rows", lambda *a: calls.append(1) or real(*a))
+    loop = rows._loop()
+    monkeypatch.setattr(rows, "_loop", lambda: lambda *a: calls.append(1) or loop(*a))
     kernel_s, onednn_s = tuning.measure_rows(owners, 1, torch.bfloat16, repeats=1)
     assert kernel_s > 0 and onednn_s > 0
     assert len(calls) == 2 * len(owners)  # a warm-up and a timed pass with the kernel, none without it

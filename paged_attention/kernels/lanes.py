@@ -12,6 +12,8 @@ and every operation is one vector instruction (or a short fixed sequence of them
 * :func:`power2`: ``2**x`` on [-126, 0] (softmax weights, as ``2**((s - max) log2(e))``);
 * :func:`rounded`: to bfloat16's precision, nearest even (finite values);
 * :func:`keep`: ``x`` where ``t < limits[c]`` (``limits``: 16 ``int32``), ``fill`` elsewhere;
+* :func:`fma`: ``a * b + c`` rounded once; :func:`total`: the sum of the 16 lanes, in a fixed order;
+* :func:`dot`: ``acc`` plus the pairwise products of 32 bfloat16 in two values of bits;
 * :func:`aligned`: scratch arrays that start on a 64-byte line.
 
 No instruction may be reordered or fused (:data:`_EXACT`), even inside a fast-math function, so
@@ -20,11 +22,12 @@ the same code gives the same bits wherever it is inlined.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 
 import numpy as np
-from llvmlite import ir
+from llvmlite import binding, ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, overload, register_model
@@ -212,6 +215,70 @@ def keep(typingctx, x, limits, t, fill):
 
     if isinstance(limits, types.Array) and limits.dtype == types.int32:
         return lanes(lanes, limits, t, lanes), codegen
+
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    """``a * b + c`` in each lane with one rounding (LLVM's ``fma``: one instruction where the CPU
+    has it, the same bits everywhere)."""
+
+    def codegen(context, builder, signature, args):
+        return _call(builder, "llvm.fma", *args)
+
+    return lanes(lanes, lanes, lanes), codegen
+
+
+@intrinsic
+def total(typingctx, x):
+    """The sum of the 16 lanes as one float32: halves added lane by lane (0-7 + 8-15, then 0-3 +
+    4-7, ...), always in this order."""
+
+    def codegen(context, builder, signature, args):
+        v, n = args[0], LANES
+        while n > 1:
+            n //= 2
+            low = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_WORD, n), list(range(n))))
+            high = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_WORD, n), list(range(n, 2 * n))))
+            v = builder.fadd(low, high, flags=_EXACT)
+        return builder.extract_element(v, _WORD(0))
+
+    return types.float32(lanes), codegen
+
+
+def _widened(builder, bits, odd: bool):
+    """The even (low) or odd (high) bfloat16 of each 32-bit lane of ``bits``, as float32."""
+    if odd:
+        return builder.bitcast(builder.and_(bits, _splat(-0x10000, _WORDS)), _VECTOR)
+    return builder.bitcast(builder.shl(bits, _splat(16, _WORDS)), _VECTOR)
+
+
+@functools.cache
+def paired() -> bool:
+    """Whether this CPU multiplies pairs of bfloat16 in one instruction (AVX512-BF16's
+    ``vdpbf16ps``), which :func:`dot` then uses."""
+    return bool(binding.get_host_cpu_features().get("avx512bf16", False))
+
+
+@intrinsic
+def dot(typingctx, acc, a, b):
+    """``acc`` plus the products of the 32 bfloat16 pairs that ``a`` and ``b`` hold as bits (loaded
+    from ``uint16`` arrays): lane ``j`` gets ``a[2j+1] b[2j+1]``, then ``a[2j] b[2j]``, each addition
+    rounded (the products are exact). One ``vdpbf16ps`` where the CPU has it (:func:`paired`; it
+    reads a subnormal bfloat16 as zero, as none of a model's weights and activations is), else
+    the same two steps in fused multiply-adds."""
+
+    def codegen(context, builder, signature, args):
+        total, x, y = args
+        x, y = builder.bitcast(x, _WORDS), builder.bitcast(y, _WORDS)
+        if paired():  # (LLVM reads this older <16 x i32> form of the intrinsic, upgrading it)
+            kind = ir.FunctionType(_VECTOR, [_VECTOR, _WORDS, _WORDS])
+            name = "llvm.x86.avx512bf16.dpbf16ps.512"
+            return builder.call(cgutils.get_or_insert_function(builder.module, kind, name), [total, x, y])
+        for odd in (True, False):
+            total = _call(builder, "llvm.fma", _widened(builder, x, odd), _widened(builder, y, odd), total)
+        return total
+
+    return lanes(lanes, lanes, lanes), codegen
 
 
 @njit(inline="always")

@@ -18,8 +18,11 @@ rounding, its sums in another order than oneDNN's).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -85,14 +88,17 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """``F.linear(x, weight, bias)`` for a bfloat16 ``x[..., K]`` of at most :data:`LINEAR_ROWS` rows
     and a contiguous ``weight[N, K]``, as one pass over the weights (:mod:`.loop_rows`): a decode
     step of one sequence is a matrix-vector product per layer, bound by reading the weights, and
-    oneDNN's blocked kernel reads them well below the memory's pace there (SmolLM2's layers, one
-    thread, this project's 2-core AMD EPYC: 18.3 GB/s here against 12.2 GB/s; in float32 the same
-    loop reached 18.9 against 14.9, but float32 stays oneDNN's, because a float32 model promises the
-    same greedy tokens whatever the batch, with or without speculative drafts, and this loop sums
-    in another order; on a 2-core Xeon with AMX oneDNN was the faster, 1.2-1.9x: the engine measures
-    which, ``engine.worker.tuning``). float32 sums, rounded once (results may differ from oneDNN's by
-    one rounding). ``None`` where it does not apply (more rows, another dtype or device, shapes that do
-    not match, autograd, Numba unavailable): the caller multiplies as before."""
+    oneDNN's blocked kernel reads them below the memory's pace there. On a 2-core Xeon with AMX, one
+    thread, a pass over SmolLM2's 121 products at one row: 25-26 ms against oneDNN's 33 (the weights
+    alone, no Python around them; a pass of plain vector loads over the same bytes: 20 ms); at two
+    rows oneDNN is faster (the loop is then bound by its arithmetic: every row re-reads the weights
+    from the L1 cache), so the engine measures which to use, ``engine.worker.tuning``. Each output
+    is summed alone in float32 lanes (:func:`.loop_rows.linear_rows` gives the order), rounded once,
+    so a row gets the same bits whatever rows are beside it; the results may differ from oneDNN's
+    by one rounding, and float32 models keep their own kernel (:mod:`.tiled`), because a float32
+    model promises transformers' greedy tokens. ``None`` where it does not apply (more rows,
+    another dtype or device, shapes that do not match, autograd, Numba unavailable): the caller
+    multiplies as before. :class:`Streamed` is the engine's way in (the views made once)."""
     rows = x.numel() // max(1, x.shape[-1])
     if rows > LINEAR_ROWS or rows == 0 or x.dtype != torch.bfloat16 or torch.is_grad_enabled():
         return None
@@ -116,9 +122,21 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
+@dataclass(frozen=True)
+class Streamable:
+    """What :class:`Streamed` keeps for one weight: the tensors and their bits as NumPy views, made
+    once, so that a product of a few rows costs the loop and little else (one product of
+    SmolLM2's decode step takes ~0.1 ms, and a step makes 121 of them)."""
+
+    weight: Tensor  #: ``[N, K]`` bfloat16, contiguous
+    bias: Tensor | None  #: ``[N]``, the bias the layer had when the weight was prepared
+    weight_bits: np.ndarray  #: the weight as ``uint16``
+    bias_bits: np.ndarray  #: the bias as ``uint16`` (length 0: none)
+
+
 class Streamed:
     """:func:`linear_rows` as a row kernel of :mod:`..models.packed_linear`: for a contiguous
-    bfloat16 weight it keeps the weight itself (nothing to prepare). It takes products of up to
+    bfloat16 weight it keeps a :class:`Streamable` (views, no copy). It takes products of up to
     ``rows`` rows (at most :data:`LINEAR_ROWS`; an engine lowers it where oneDNN measures faster)."""
 
     def __init__(self, rows: int = LINEAR_ROWS) -> None:
@@ -126,15 +144,38 @@ class Streamed:
 
     def prepare(
         self, weight: Tensor, bias: Tensor | None, product: Callable[[Tensor], Tensor]
-    ) -> Tensor | None:
-        del bias, product  # (no check: the loop is within one rounding of the product, not its bits)
-        usable = weight.dtype == torch.bfloat16 and weight.dim() == 2 and weight.is_contiguous()
-        return weight if usable else None
-
-    def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
-        if x.numel() > self.rows * x.shape[-1]:
+    ) -> Streamable | None:
+        del product  # (no check: the loop is within one rounding of the product, not its bits)
+        if weight.dtype != torch.bfloat16 or weight.dim() != 2 or not weight.is_contiguous():
             return None
-        return linear_rows(x, weight, bias)
+        if weight.device.type != "cpu" or (bias is not None and bias.shape != (weight.shape[0],)):
+            return None
+        bias_bits = compiled.as_numpy(bias.contiguous()) if bias is not None else np.zeros(0, np.uint16)
+        return Streamable(weight, bias, compiled.as_numpy(weight), bias_bits)
+
+    def __call__(self, x: Tensor, prepared: Streamable, bias: Tensor | None) -> Tensor | None:
+        k_in = prepared.weight_bits.shape[1]
+        rows = x.numel() // k_in
+        if x.shape[-1] != k_in or not 0 < rows <= self.rows or x.dtype != torch.bfloat16 or not x.is_cpu:
+            return None
+        if bias is not prepared.bias or torch.is_grad_enabled() or not compiled.available():
+            return linear_rows(x, prepared.weight, bias)  # (the checks, the conversions: every time)
+        n_out = prepared.weight_bits.shape[0]
+        out = torch.empty(rows, n_out, dtype=torch.bfloat16)
+        try:
+            flat = compiled.as_numpy(x.detach().reshape(rows, k_in).contiguous())
+            _loop()(flat, prepared.weight_bits, prepared.bias_bits, compiled.as_numpy(out))
+        except Exception as error:
+            compiled.give_up(error)
+            return None
+        return out.view(*x.shape[:-1], n_out)
+
+
+@functools.cache
+def _loop() -> Callable[..., None]:
+    from .loop_rows import linear_rows as loop  # imported late: importing Numba costs half a second
+
+    return loop
 
 
 #: A bfloat16 row kernel taking all it can (an engine makes its own, to lower its rows).

@@ -131,6 +131,11 @@ class PackedLinear(torch.nn.Linear):
         return invariant.product(self._multiply, x)
 
     def _multiply(self, x: torch.Tensor) -> torch.Tensor:
+        prepared = self.prepared
+        if prepared is not None and not torch.is_grad_enabled() and self._state() == self.packed_state:
+            out = self.rows(x, prepared, self.bias)  # (it checks x: None where it does not apply)
+            if out is not None:
+                return out
         weight = self.weight
         if torch.is_grad_enabled() or x.dtype not in PACKED_DTYPES or weight.dtype != x.dtype:
             return F.linear(x, weight, self.bias)
@@ -138,10 +143,6 @@ class PackedLinear(torch.nn.Linear):
             return F.linear(x, weight, self.bias)
         if self._state() != self.packed_state:
             self._repack()
-        if self.prepared is not None:
-            out = self.rows(x, self.prepared, self.bias)
-            if out is not None:
-                return out
         return packed_product(x, self.packed, self.bias)
 
     def unpacked(self) -> torch.nn.Linear:

@@ -4,18 +4,19 @@ The compiled backend's products of a few rows (a step of one to four sequences) 
 packed product or to the engine's row kernel (bfloat16 weights streamed by
 :func:`..kernels.rows.linear_rows`, float32 ones from tiles summed in oneDNN's order,
 :mod:`..kernels.tiled`). Neither wins everywhere: on this project's 2-core AMD EPYC the row kernels
-read SmolLM2's weights at 1.3-1.7x oneDNN's pace at one row; on a 2-core Xeon with AMX, oneDNN was
-1.2x (one row) to 1.9x (four rows) faster. So the engine measures, on the model it serves: for each
+read SmolLM2's weights at 1.3-1.7x oneDNN's pace at one row; on a 2-core Xeon with AMX the bfloat16
+loop (in vector lanes since tuning version 3) took 30.3 ms a pass at one row against oneDNN's 34.2,
+and 35.4 against 33.7 at two rows (so: one row). So the engine measures, on the model it serves: for each
 row count from one up, a pass over every product of the model with the row kernel and with oneDNN;
 the row kernel keeps the counts where it is at least :data:`MARGIN` times faster (``rows``; 0: none,
 and its prepared copies are dropped).
 
-Prompts are not a measured choice, though torch's SDPA over the gathered pages was 2.9x faster than
-the in-place loop on that Xeon in bfloat16 (its flash kernel multiplies on AMX): SDPA computes a
-row differently depending on the rows beside it, so a prompt whose prefix came from the prefix cache
-got other bits than the same prompt computed whole, and other greedy text (vLLM's own
-``prefix_caching.py`` example then prints ``Generated answers are the same: False``; vLLM prints
-True). The loop computes each row alone, the same either way.
+Prompts are not a measured choice. torch's SDPA over the gathered pages was once 2.9x faster than
+the in-place loop on that Xeon in bfloat16 (today's AMX loop takes 0.67-0.77x of SDPA's time,
+:mod:`..kernels.loop_amx`), but SDPA computes a row differently depending on the rows beside it, so
+a prompt whose prefix came from the prefix cache got other bits than the same prompt computed whole,
+and other greedy text (vLLM's own ``prefix_caching.py`` example then prints ``Generated answers are
+the same: False``; vLLM prints True). The loop computes each row alone, the same either way.
 
 What was measured is kept on disk (:mod:`...models.machine_cache`, file ``tuning``) under this
 machine, torch, the thread count, the dtype, the shapes and :data:`VERSION`; a close call (within
@@ -43,7 +44,7 @@ from ...models.packed_linear import PACKED_DTYPES, PackedLinear, RowKernel
 
 MARGIN = 1.05  #: a row kernel is kept for a row count where it is at least this many times faster
 CLOSE = 1.15  #: a ratio within this factor of the margin is measured again
-VERSION = 2  #: part of the cache key: a change to the probes measures again
+VERSION = 3  #: part of the cache key: a change to the probes measures again
 CACHE_NAME = "tuning"
 SMALL_MODEL_BYTES = 64 << 20  #: weights up to this size are not measured (as in ``models.cpu_dtype``)
 
