@@ -213,3 +213,41 @@ def test_every_loop_file_using_loop_nests_helpers_stamps_itself_on_import() -> N
         calls = [c for c in calls if getattr(c.func, "id", "") == "stamp"]
         assert [ast.unparse(c) for c in calls][:1] == ["stamp(Path(__file__))"], path.name
     assert users == ["loop_amx.py", "loop_int8.py", "loop_rows.py"]
+
+
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it() -> None:
+    """Each output of linear_rows is summed alone: row r of a product of 1-4 rows has the bits it
+    has alone, whatever the weight's shape (tails of K % 32 and N % 4 included)."""
+    g = torch.Generator().manual_seed(3)
+    for out_features, in_features in [(7, 33), (64, 576), (13, 1536)]:
+        x = torch.randn(rows.LINEAR_ROWS, in_features, generator=g).bfloat16()
+        weight = torch.randn(out_features, in_features, generator=g).bfloat16()
+        b = torch.randn(out_features, generator=g).bfloat16()
+        with torch.inference_mode():
+            together = rows.linear_rows(x, weight, b)
+            for r in range(rows.LINEAR_ROWS):
+                assert torch.equal(rows.linear_rows(x[r : r + 1], weight, b)[0], together[r])
+                assert torch.equal(rows.linear_rows(x[: r + 1], weight, b), together[: r + 1])
+
+
+def test_streamed_takes_any_layout_of_the_rows_and_the_bias_it_was_given() -> None:
+    """Streamed (the engine's way in) gives linear_rows' bits for leading dims and a strided input;
+    a bias other than the prepared one (other memory) still counts; more rows than it takes, or a
+    K that does not match: None (the caller's product then)."""
+    g = torch.Generator().manual_seed(4)
+    weight = torch.randn(24, 64, generator=g).bfloat16()
+    bias = torch.randn(24, generator=g).bfloat16()
+    kernel = rows.Streamed(rows=2)
+    prepared = kernel.prepare(weight, bias, None)
+    assert prepared is not None and kernel.prepare(weight, bias.float(), None) is None
+    wide = torch.randn(2, 1, 128, generator=g).bfloat16()
+    x = wide[..., ::2]  # [2, 1, 64], strided
+    with torch.inference_mode():
+        got = kernel(x, prepared, bias.detach())  # (a layer passes a fresh detach: the same memory)
+        assert got.shape == (2, 1, 24)
+        assert torch.equal(got, rows.linear_rows(x.contiguous(), weight, bias))
+        other = bias + 1
+        assert torch.equal(kernel(x, prepared, other), rows.linear_rows(x.contiguous(), weight, other))
+        assert torch.equal(kernel(x, prepared, None), rows.linear_rows(x.contiguous(), weight, None))
+        assert kernel(torch.randn(3, 64).bfloat16(), prepared, bias) is None
+        assert kernel(torch.randn(1, 65).bfloat16(), prepared, bias) is None

@@ -29,7 +29,7 @@ import operator
 import numpy as np
 from llvmlite import binding, ir
 from numba import njit, types
-from numba.core import cgutils
+from numba.core import cgutils, config
 from numba.extending import intrinsic, models, overload, register_model
 
 #: Lanes in one value: float32 columns in a 512-bit register.
@@ -73,7 +73,7 @@ def load(typingctx, array, offset):
     array of another kind, its bits: 32 ``uint16`` or 16 ``uint32``)."""
 
     def codegen(context, builder, signature, args):
-        return builder.load(_pointer(context, builder, signature, args, _VECTOR), align=4)
+        return builder.load(_pointer(context, builder, signature, args, _VECTOR), align=1)
 
     return lanes(array, offset), codegen
 
@@ -83,7 +83,7 @@ def store(typingctx, array, offset, x):
     """``x`` into the 64 bytes that start at element ``offset`` of ``array`` (as :func:`load`)."""
 
     def codegen(context, builder, signature, args):
-        builder.store(args[2], _pointer(context, builder, signature, args, _VECTOR), align=4)
+        builder.store(args[2], _pointer(context, builder, signature, args, _VECTOR), align=1)
         return context.get_dummy_value()
 
     return types.void(array, offset, lanes), codegen
@@ -254,8 +254,12 @@ def _widened(builder, bits, odd: bool):
 
 @functools.cache
 def paired() -> bool:
-    """Whether this CPU multiplies pairs of bfloat16 in one instruction (AVX512-BF16's
-    ``vdpbf16ps``), which :func:`dot` then uses."""
+    """Whether the code Numba makes may multiply pairs of bfloat16 in one instruction (AVX512-BF16's
+    ``vdpbf16ps``), which :func:`dot` then uses: this CPU has it and Numba compiles for this CPU
+    (``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES`` or ``NUMBA_ENABLE_AVX=0`` name another target, for
+    which LLVM could not emit it)."""
+    if config.CPU_NAME or config.CPU_FEATURES or not config.ENABLE_AVX:
+        return False
     return bool(binding.get_host_cpu_features().get("avx512bf16", False))
 
 
@@ -263,20 +267,21 @@ def paired() -> bool:
 def dot(typingctx, acc, a, b):
     """``acc`` plus the products of the 32 bfloat16 pairs that ``a`` and ``b`` hold as bits (loaded
     from ``uint16`` arrays): lane ``j`` gets ``a[2j+1] b[2j+1]``, then ``a[2j] b[2j]``, each addition
-    rounded (the products are exact). One ``vdpbf16ps`` where the CPU has it (:func:`paired`; it
-    reads a subnormal bfloat16 as zero, as none of a model's weights and activations is), else
-    the same two steps in fused multiply-adds."""
+    rounded (the products are exact). One ``vdpbf16ps`` where the code may use it (:func:`paired`),
+    else the same two steps in fused multiply-adds: the same bits, except near float32's least
+    normal number (1.2e-38), since the instruction treats subnormal inputs, accumulators and
+    results as zero (tests/test_lanes.py compares the two codings)."""
 
     def codegen(context, builder, signature, args):
-        total, x, y = args
+        acc, x, y = args
         x, y = builder.bitcast(x, _WORDS), builder.bitcast(y, _WORDS)
         if paired():  # (LLVM reads this older <16 x i32> form of the intrinsic, upgrading it)
             kind = ir.FunctionType(_VECTOR, [_VECTOR, _WORDS, _WORDS])
             name = "llvm.x86.avx512bf16.dpbf16ps.512"
-            return builder.call(cgutils.get_or_insert_function(builder.module, kind, name), [total, x, y])
+            return builder.call(cgutils.get_or_insert_function(builder.module, kind, name), [acc, x, y])
         for odd in (True, False):
-            total = _call(builder, "llvm.fma", _widened(builder, x, odd), _widened(builder, y, odd), total)
-        return total
+            acc = _call(builder, "llvm.fma", _widened(builder, x, odd), _widened(builder, y, odd), acc)
+        return acc
 
     return lanes(lanes, lanes, lanes), codegen
 

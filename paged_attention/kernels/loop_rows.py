@@ -34,7 +34,8 @@ stamp(Path(__file__), Path(lanes.__file__))  # the vector lanes are compiled int
 #: Weight rows multiplied together: their vectors interleave, 4 independent sums in flight.
 GROUP = 4
 #: How far ahead of the rows being read the loop asks for the weights, in elements (16 KiB; on
-#: SmolLM2's layers a pass took 0.76-0.85x oneDNN's time with it, 0.94x without: a Xeon, one thread).
+#: SmolLM2's layers a pass of this loop alone took 0.76-0.85x oneDNN's time with it, 0.94x without:
+#: a Xeon, one thread).
 AHEAD = 8192
 
 
@@ -49,9 +50,10 @@ def linear_rows(x, weight, bias, out):  # pragma: no cover - compiled
     rows, k_in = x.shape
     n_out = weight.shape[0]
     whole = k_in // 32 * 32
-    inputs = lanes.aligned((rows, k_in + 32), np.uint16)  # (aligned: each vector one cache line)
+    row = (k_in + 31) // 32 * 32  # (each row of inputs on 64-byte lines: a vector, one line)
+    inputs = lanes.aligned((rows, row), np.uint16)
     inputs[:, :k_in] = x
-    flat, row = weight.reshape(-1), k_in + 32
+    flat = weight.reshape(-1)
     grouped = n_out // GROUP * GROUP
     for n in range(0, grouped, GROUP):
         at = n * k_in

@@ -148,7 +148,9 @@ class Streamed:
         del product  # (no check: the loop is within one rounding of the product, not its bits)
         if weight.dtype != torch.bfloat16 or weight.dim() != 2 or not weight.is_contiguous():
             return None
-        if weight.device.type != "cpu" or (bias is not None and bias.shape != (weight.shape[0],)):
+        if weight.device.type != "cpu" or weight.shape[1] == 0:
+            return None
+        if bias is not None and (bias.shape != (weight.shape[0],) or not _fits(weight, bias)):
             return None
         bias_bits = compiled.as_numpy(bias.contiguous()) if bias is not None else np.zeros(0, np.uint16)
         return Streamable(weight, bias, compiled.as_numpy(weight), bias_bits)
@@ -158,7 +160,7 @@ class Streamed:
         rows = x.numel() // k_in
         if x.shape[-1] != k_in or not 0 < rows <= self.rows or x.dtype != torch.bfloat16 or not x.is_cpu:
             return None
-        if bias is not prepared.bias or torch.is_grad_enabled() or not compiled.available():
+        if not _same(bias, prepared.bias) or torch.is_grad_enabled() or not compiled.available():
             return linear_rows(x, prepared.weight, bias)  # (the checks, the conversions: every time)
         n_out = prepared.weight_bits.shape[0]
         out = torch.empty(rows, n_out, dtype=torch.bfloat16)
@@ -169,6 +171,14 @@ class Streamed:
             compiled.give_up(error)
             return None
         return out.view(*x.shape[:-1], n_out)
+
+
+def _same(bias: Tensor | None, kept: Tensor | None) -> bool:
+    """Whether ``bias`` is the bias :class:`Streamable` viewed (the same memory: a layer hands over
+    a fresh ``detach()`` of its parameter at every call)."""
+    if bias is None or kept is None:
+        return bias is kept
+    return bias.data_ptr() == kept.data_ptr() and bias.shape == kept.shape and bias.dtype == kept.dtype
 
 
 @functools.cache

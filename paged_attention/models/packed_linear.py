@@ -142,7 +142,10 @@ class PackedLinear(torch.nn.Linear):
         if x.device.type != "cpu" or weight.device.type != "cpu":
             return F.linear(x, weight, self.bias)
         if self._state() != self.packed_state:
-            self._repack()
+            self._repack()  # (then the row kernel, as for any other call)
+            out = self.rows(x, self.prepared, self.bias) if self.prepared is not None else None
+            if out is not None:
+                return out
         return packed_product(x, self.packed, self.bias)
 
     def unpacked(self) -> torch.nn.Linear:

@@ -6,10 +6,11 @@ packed product or to the engine's row kernel (bfloat16 weights streamed by
 :mod:`..kernels.tiled`). Neither wins everywhere: on this project's 2-core AMD EPYC the row kernels
 read SmolLM2's weights at 1.3-1.7x oneDNN's pace at one row; on a 2-core Xeon with AMX the bfloat16
 loop (in vector lanes since tuning version 3) took 30.3 ms a pass at one row against oneDNN's 34.2,
-and 35.4 against 33.7 at two rows (so: one row). So the engine measures, on the model it serves: for each
-row count from one up, a pass over every product of the model with the row kernel and with oneDNN;
-the row kernel keeps the counts where it is at least :data:`MARGIN` times faster (``rows``; 0: none,
-and its prepared copies are dropped).
+and 35.4 against 33.7 at two rows (so: one row; these passes call each layer as the engine does,
+Python included, where :func:`..kernels.rows.linear_rows` quotes the loops alone). So the engine
+measures, on the model it serves: for each row count from one up, a pass over every product of the
+model with the row kernel and with oneDNN; the row kernel keeps the counts where it is at least
+:data:`MARGIN` times faster (``rows``; 0: none, and its prepared copies are dropped).
 
 Prompts are not a measured choice. torch's SDPA over the gathered pages was once 2.9x faster than
 the in-place loop on that Xeon in bfloat16 (today's AMX loop takes 0.67-0.77x of SDPA's time,
