@@ -259,6 +259,37 @@ def test_the_decode_timer_refuses_a_batch_that_cannot_decode_together_and_cleans
     assert row["batch"] == 3 and row["step_s"] > 0 and row["tokens_per_s"] == pytest.approx(3 / row["step_s"])
 
 
+def test_the_dtype_comparison_compiles_its_engines_only_when_asked(monkeypatch):
+    """``bench engine --dtype A B --compile`` reaches each engine as ``compilation_config=3``
+    (``compare`` stopped at the first engine: the rest is the decode timer's, tested above)."""
+    from paged_attention.cli.bench import engine as command
+    from paged_attention.experiments import dtypes
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def engine(*args, **kwargs):
+        seen.append(kwargs["compilation_config"])
+        raise Stop
+
+    monkeypatch.setattr(dtypes, "LLMEngine", engine)
+    monkeypatch.setattr(
+        dtypes, "chat_prompts", lambda tokenizer, count: [{"prompt_token_ids": [5, 6]}] * count
+    )
+    monkeypatch.setattr(dtypes, "memory_bandwidth", lambda: {"read": 1e10, "copy": 1e10})
+    for compiled in (False, True):
+        with pytest.raises(Stop):
+            dtypes.compare(None, ["float32"], [1], compiled=compiled)
+    assert seen == [None, 3]
+    runs = []
+    monkeypatch.setattr(command.dtypes, "run", lambda *args: runs.append(args))
+    command.main(["--dtype", "float32", "bfloat16", "--compile", "--no-save", "--threads", "1"])
+    command.main(["--dtype", "float32", "bfloat16", "--no-save", "--threads", "1"])
+    assert [r[-1] for r in runs] == [True, False] and all(r[-2] is False for r in runs)  # (save)
+
+
 def test_the_products_timer_calls_every_product_the_engine_calls_once_a_pass(monkeypatch):
     """A merged group once (not once per member), every other layer once, ``repeats`` passes; the
     floor of a step is the larger of the weight-read bound and the products."""

@@ -180,10 +180,12 @@ def compare(
     num_prompts: int = 16,
     max_tokens: int = 48,
     progress: Callable[[str], None] = print,
+    compiled: bool = False,
 ) -> dict:
     """Decode speed, weight-read bound and greedy agreement for each of ``dtypes`` (the first is the
     reference for agreement; two names of one dtype are refused); see the module docstring. One
-    engine per dtype, then freed."""
+    engine per dtype, then freed; ``compiled``: each engine with ``compilation_config=3``
+    (:mod:`..models.compilation`), its compilation done before anything is timed."""
     bandwidth = memory_bandwidth()
     rows, answers, sizes = [], {}, {}
     for name in dtypes:
@@ -197,7 +199,8 @@ def compare(
         seats = max(*batch_sizes, num_prompts)
         blocks = seats * -(-per_sequence // 16) + 16
         engine = LLMEngine(hf_model, tokenizer, num_kv_blocks=blocks, block_size=16, max_num_seqs=seats,
-                           enable_prefix_caching=False)  # fmt: skip
+                           enable_prefix_caching=False,
+                           compilation_config=3 if compiled else None)  # fmt: skip
         for batch in batch_sizes:
             row = decode_step_seconds(engine, chat_prompts(tokenizer, batch), steps)
             row |= {"dtype": dtype, "weight_bytes": sizes[dtype],
@@ -215,6 +218,7 @@ def compare(
         "auto": explain_dtype(model, "auto"),
         "steps": steps,
         "max_tokens": max_tokens,
+        "compiled": compiled,
     }
 
 

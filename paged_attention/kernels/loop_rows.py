@@ -7,6 +7,8 @@ All arguments are NumPy arrays; bfloat16 arrives as its raw 16 bits (``uint16``)
   memory once: a matrix-vector product that streams the weights near the memory's pace.
 * ``tiled_rows(x, tiles, block, bias, out)``: the same product in float32 from
   ``tiles[ceil(N / T), K, T]``, summed in oneDNN's order (:mod:`.tiled` says which).
+* ``widened(bits, out)``: bfloat16 bits widened to float32, exactly (:mod:`.widened` multiplies
+  with them where the CPU has no bfloat16 arithmetic).
 * ``rms_norm(x, weight, eps, out)``: ``x[T, D]``, ``weight[D]``, ``out[T, D]`` of one kind. The
   arithmetic and roundings of transformers' ``LlamaRMSNorm``: the row widened to float32,
   ``y = x * (1 / sqrt(mean(x**2) + eps))``, ``y`` rounded to the input's kind, then multiplied by the
@@ -117,6 +119,14 @@ def tiled_rows(x, tiles, block, bias, out):  # pragma: no cover - compiled
         for m in range(rows):
             for j in range(min(width, n_out - t * width)):
                 out[m, t * width + j] = total[m, j] + bias[t * width + j] if bias.shape[0] else total[m, j]
+
+
+@njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
+def widened(bits, out):  # pragma: no cover - compiled
+    """``out[i]``: the bfloat16 bits ``bits[i]`` as a float32 (exact: they are its top half); one
+    vector shift per 16 values."""
+    for i in range(bits.shape[0]):
+        out[i] = widen(bits[i])
 
 
 @njit(fastmath={"reassoc", "nsz"}, cache=True, boundscheck=False, nogil=True, error_model="numpy")

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import compiled
+from . import compiled, widened
 
 CHUNK = 256  # values per chunk maximum in greedy_argmax
 
@@ -137,10 +137,13 @@ class Streamable:
 class Streamed:
     """:func:`linear_rows` as a row kernel of :mod:`..models.packed_linear`: for a contiguous
     bfloat16 weight it keeps a :class:`Streamable` (views, no copy). It takes products of up to
-    ``rows`` rows (at most :data:`LINEAR_ROWS`; an engine lowers it where oneDNN measures faster)."""
+    ``rows`` rows (at most :data:`LINEAR_ROWS`; an engine lowers it where oneDNN measures faster)
+    and, if ``wide`` (by default: where :func:`.widened.needed`, a CPU without bfloat16
+    arithmetic), those of at least :data:`.widened.WIDE_ROWS` rows, from widened weights."""
 
-    def __init__(self, rows: int = LINEAR_ROWS) -> None:
+    def __init__(self, rows: int = LINEAR_ROWS, wide: bool | None = None) -> None:
         self.rows = rows
+        self.wide = widened.needed() if wide is None else wide
 
     def prepare(
         self, weight: Tensor, bias: Tensor | None, product: Callable[[Tensor], Tensor]
@@ -158,6 +161,8 @@ class Streamed:
     def __call__(self, x: Tensor, prepared: Streamable, bias: Tensor | None) -> Tensor | None:
         k_in = prepared.weight_bits.shape[1]
         rows = x.numel() // k_in
+        if self.wide and rows >= widened.WIDE_ROWS:
+            return widened.linear(x, prepared.weight, bias)
         if x.shape[-1] != k_in or not 0 < rows <= self.rows or x.dtype != torch.bfloat16 or not x.is_cpu:
             return None
         if not _same(bias, prepared.bias) or torch.is_grad_enabled() or not compiled.available():

@@ -1,7 +1,8 @@
 """``python -m paged_attention bench engine --dtype float32 bfloat16``: the dtypes side by side.
 
 Decode tokens/s at each batch size, the step against the weight-read bound, and greedy agreement
-with the first dtype (:mod:`paged_attention.experiments.dtypes`); writes ``figures/dtypes.{json,png}``.
+with the first dtype (:mod:`paged_attention.experiments.dtypes`); writes ``figures/dtypes.{json,png}``,
+or with ``--compile`` (the engine compiled) ``figures/dtypes_compiled.{json,png}``.
 """
 
 from __future__ import annotations
@@ -12,10 +13,19 @@ from ...experiments.provenance import provenance
 from ._results import write_results
 
 
-def run(model: str | None, names: list[str], batch_sizes: list[int], threads: int, save: bool) -> dict:
-    """Measure, print and (if ``save``) write the comparison of ``names``."""
-    print(f"model {model or 'embedded'}, dtypes {', '.join(names)}, torch threads {threads}")
-    result = dtypes.compare(model, names, batch_sizes)
+def run(
+    model: str | None,
+    names: list[str],
+    batch_sizes: list[int],
+    threads: int,
+    save: bool,
+    compiled: bool = False,
+) -> dict:
+    """Measure, print and (if ``save``) write the comparison of ``names``, the engine compiled if
+    ``compiled``."""
+    mode = "compiled" if compiled else "eager"
+    print(f"model {model or 'embedded'}, dtypes {', '.join(names)}, {mode}, torch threads {threads}")
+    result = dtypes.compare(model, names, batch_sizes, compiled=compiled)
     read, copy = (result["bandwidth"][k] / 1e9 for k in ("read", "copy"))
     print(
         f"memory bandwidth, streaming {dtypes.PROBE_BYTES >> 20} MiB: read {read:.1f} GB/s, "
@@ -47,5 +57,6 @@ def run(model: str | None, names: list[str], batch_sizes: list[int], threads: in
     print(f"\ndtype='auto' here: {result['auto']}")
     if save:
         payload = {**result, "model": model, "threads": threads, **provenance()}
-        write_results("dtypes", payload, viz.dtypes.step_vs_bound(result))
+        name = "dtypes_compiled" if compiled else "dtypes"
+        write_results(name, payload, viz.dtypes.step_vs_bound(result))
     return result

@@ -60,10 +60,14 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument(
         "--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="with several --dtype: sequences"
     )
+    parser.add_argument(
+        "--compile", action="store_true", help="with several --dtype: the engine compiled (mode 3)"
+    )
     parser.add_argument("--no-save", action="store_true", help="print only: write nothing to figures/")
     opts = parser.parse_args(args)
     if len(opts.dtype) > 1:
-        dtypes.run(opts.model, opts.dtype, opts.batch_sizes, set_threads(opts.threads), not opts.no_save)
+        threads = set_threads(opts.threads)
+        dtypes.run(opts.model, opts.dtype, opts.batch_sizes, threads, not opts.no_save, opts.compile)
         return
     setup = versus.default_setup(opts.model)
     batch_size = opts.batch_size or setup["batch_size"]

@@ -92,7 +92,7 @@ def tune(model: torch.nn.Module, kernel: RowKernel | None) -> Tuning:
     chosen = decide(found)
     if kernel is not None and hasattr(kernel, "rows"):
         kernel.rows = chosen.rows
-    if chosen.rows == 0:
+    if chosen.rows == 0 and not getattr(kernel, "wide", False):  # (a kernel that widens keeps them)
         for owner in everyone:  # oneDNN's product throughout: the kept copies go (the tiles' memory)
             if owner.rows is kernel:
                 owner.rows = owner.prepared = None
