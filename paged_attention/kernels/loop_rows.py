@@ -5,6 +5,9 @@ All arguments are NumPy arrays; bfloat16 arrives as its raw 16 bits (``uint16``)
 * ``linear_rows(x, weight, bias, out)``: ``x[M, K] @ weight[N, K].T + bias[N]`` for a few rows
   (``bias`` of length 0: none), float32 sums in 16 lanes (:mod:`.lanes`), each weight row read from
   memory once: a matrix-vector product that streams the weights near the memory's pace.
+* ``linear_rows_at(x_address, rows, weight, bias, out_address)``: the same, ``x`` and ``out``
+  given by the addresses of C-order ``[rows, K]`` and ``[rows, N]`` bfloat16 (:class:`.rows.Streamed`
+  calls it so: no NumPy views to make, ~10 us less a call).
 * ``tiled_rows(x, tiles, block, bias, out)``: the same product in float32 from
   ``tiles[ceil(N / T), K, T]``, summed in oneDNN's order (:mod:`.tiled` says which).
 * ``widened(bits, out)``: bfloat16 bits widened to float32, exactly (:mod:`.widened` multiplies
@@ -24,10 +27,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from numba import njit
+from numba import carray, njit
 
 from . import lanes
-from .loop_nest import prefetch, rounded, stamp, widen
+from .loop_nest import address, prefetch, rounded, stamp, widen
 
 stamp(Path(__file__))
 stamp(Path(__file__), Path(lanes.__file__))  # the vector lanes are compiled into these loops too
@@ -80,6 +83,16 @@ def linear_rows(x, weight, bias, out):  # pragma: no cover - compiled
             for k in range(0, whole, 32):
                 a0 = lanes.dot(a0, lanes.load(flat, n * k_in + k), lanes.load(inputs, m * row + k))
             _finish(x, weight, bias, out, m, n, whole, lanes.total(a0))
+
+
+@njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
+def linear_rows_at(x_address, rows, weight, bias, out_address):  # pragma: no cover - compiled
+    """:func:`linear_rows` of the C-order bfloat16 ``x[rows, K]`` and ``out[rows, N]`` at the
+    addresses given (the caller keeps both alive and of that shape and kind)."""
+    n_out, k_in = weight.shape
+    x = carray(address(x_address), (rows, k_in), np.uint16)
+    out = carray(address(out_address), (rows, n_out), np.uint16)
+    linear_rows(x, weight, bias, out)
 
 
 @njit(inline="always")

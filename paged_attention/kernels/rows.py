@@ -167,15 +167,15 @@ class Streamed:
             return None
         if not _same(bias, prepared.bias) or torch.is_grad_enabled() or not compiled.available():
             return linear_rows(x, prepared.weight, bias)  # (the checks, the conversions: every time)
-        n_out = prepared.weight_bits.shape[0]
-        out = torch.empty(rows, n_out, dtype=torch.bfloat16)
-        try:
-            flat = compiled.as_numpy(x.detach().reshape(rows, k_in).contiguous())
-            _loop()(flat, prepared.weight_bits, prepared.bias_bits, compiled.as_numpy(out))
+        if not x.is_contiguous():
+            x = x.contiguous()
+        out = torch.empty((*x.shape[:-1], prepared.weight_bits.shape[0]), dtype=torch.bfloat16)
+        try:  # (by address: both contiguous bfloat16, alive until the loop returns)
+            _loop()(x.data_ptr(), rows, prepared.weight_bits, prepared.bias_bits, out.data_ptr())
         except Exception as error:
             compiled.give_up(error)
             return None
-        return out.view(*x.shape[:-1], n_out)
+        return out
 
 
 def _same(bias: Tensor | None, kept: Tensor | None) -> bool:
@@ -188,7 +188,7 @@ def _same(bias: Tensor | None, kept: Tensor | None) -> bool:
 
 @functools.cache
 def _loop() -> Callable[..., None]:
-    from .loop_rows import linear_rows as loop  # imported late: importing Numba costs half a second
+    from .loop_rows import linear_rows_at as loop  # imported late: importing Numba costs half a second
 
     return loop
 
