@@ -288,6 +288,8 @@ def test_the_dtype_comparison_compiles_its_engines_only_when_asked(monkeypatch):
     command.main(["--dtype", "float32", "bfloat16", "--compile", "--no-save", "--threads", "1"])
     command.main(["--dtype", "float32", "bfloat16", "--no-save", "--threads", "1"])
     assert [r[-1] for r in runs] == [True, False] and all(r[-2] is False for r in runs)  # (save)
+    with pytest.raises(SystemExit):  # one dtype: the engine benchmark, which --compile does not apply to
+        command.main(["--dtype", "float32", "--compile", "--no-save"])
 
 
 def test_the_products_timer_calls_every_product_the_engine_calls_once_a_pass(monkeypatch):

@@ -67,6 +67,25 @@ def test_an_engine_measures_once_applies_the_choice_and_writes_the_same_tokens(m
     assert answers[0] == answers[1]
 
 
+@needs_numba
+@needs_packing
+def test_a_row_kernel_that_loses_at_one_row_is_kept_where_it_widens(monkeypatch) -> None:
+    """rows 0 drops the row kernel and its copies from every layer, unless the kernel widens
+    products of many rows (a CPU without bfloat16 arithmetic; pretended here): it stays, at 0 rows."""
+    from paged_attention.kernels import widened
+
+    for wide in (False, True):
+        monkeypatch.setattr(widened, "needed", lambda w=wide: w)
+        measured_as(monkeypatch, {1: 0.5})
+        runner = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4).llm_engine.runner
+        owners = product_owners(runner.model)
+        assert runner.tuning.rows == 0 and owners
+        if wide:
+            assert all(o.rows.rows == 0 and o.rows.wide and o.prepared is not None for o in owners)
+        else:
+            assert all(o.rows is None and o.prepared is None for o in owners)
+
+
 def test_a_close_call_is_not_stored_and_the_eager_backend_measures_nothing(monkeypatch) -> None:
     calls = measured_as(monkeypatch, {1: 1.1, 2: 0.2})  # 1.1: near the margin
     stores = []

@@ -4,13 +4,17 @@ row kernel handing it the products of many rows only where asked (or where the C
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paged_attention import LLM, SamplingParams
-from paged_attention.kernels import rows, widened
+from paged_attention.kernels import compiled, rows, widened
+from paged_attention.models import invariant, packed_linear
+
+needs_numba = pytest.mark.skipif(not compiled.available(), reason="Numba unavailable")
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -19,6 +23,7 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     return (out if bias is None else out + bias.double()).float()
 
 
+@needs_numba
 @settings(max_examples=25, deadline=None)
 @given(
     rows_=st.integers(widened.WIDE_ROWS, 48),
@@ -52,6 +57,7 @@ def test_a_widened_product_is_the_float32_sum_rounded_once(rows_, n_out, k_in, b
     assert bool(((got.float() - expected.float()).abs() <= step + scale).all())
 
 
+@needs_numba
 def test_a_widened_product_keeps_leading_dims_and_declines_what_it_does_not_take() -> None:
     g = torch.Generator().manual_seed(1)
     weight = torch.randn(24, 40, generator=g).bfloat16()
@@ -60,7 +66,7 @@ def test_a_widened_product_keeps_leading_dims_and_declines_what_it_does_not_take
     with torch.inference_mode():
         got = widened.linear(x, weight, bias)
         assert got is not None and got.shape == (2, widened.WIDE_ROWS, 24)
-        assert torch.equal(got[1], widened.linear(x[1], weight, bias))  # the same rows, the same bits
+        assert torch.equal(got.reshape(-1, 24), widened.linear(x.reshape(-1, 40), weight, bias))
         few = x[0, : widened.WIDE_ROWS - 1]
         assert widened.linear(few, weight, bias) is None  # too few rows: oneDNN's product
         assert widened.linear(x.float(), weight, bias) is None  # float32: not this kernel's
@@ -72,6 +78,7 @@ def test_a_widened_product_keeps_leading_dims_and_declines_what_it_does_not_take
     assert widened.linear(x, weight, bias) is None  # autograd on: the ordinary product
 
 
+@needs_numba
 def test_the_row_kernel_widens_many_rows_only_where_asked() -> None:
     """Streamed(wide=True) hands products of WIDE_ROWS rows or more to the widened product (the same
     bits), fewer to its row loop; Streamed(wide=False) declines them (oneDNN's then); by default it
@@ -90,16 +97,19 @@ def test_the_row_kernel_widens_many_rows_only_where_asked() -> None:
     assert rows.Streamed().wide is widened.needed()
 
 
+@needs_numba
 def test_an_engine_widens_its_prompts_where_asked_and_keeps_its_tokens(monkeypatch) -> None:
     """A bfloat16 engine (compiled backend) on a CPU that needs widening (pretended here) prefills
-    through the widened product and decodes through the row loop; its greedy tokens are those of
+    through the widened product (its one-row decode steps do not); its greedy tokens are those of
     the same engine with oneDNN's products. In batch-invariant mode nothing is widened."""
     calls: list[int] = []
     product = widened.linear
 
     def counted(x, weight, bias):
-        calls.append(x.numel() // x.shape[-1])
-        return product(x, weight, bias)
+        out = product(x, weight, bias)
+        if out is not None:  # (a product it declined does not count)
+            calls.append(x.numel() // x.shape[-1])
+        return out
 
     monkeypatch.setattr(widened, "linear", counted)
     monkeypatch.setattr(widened, "needed", lambda: True)
@@ -116,3 +126,38 @@ def test_an_engine_widens_its_prompts_where_asked_and_keeps_its_tokens(monkeypat
     invariant = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4, batch_invariant=True)
     invariant.generate(prompt, params, use_tqdm=False)
     assert not calls
+
+
+@needs_numba
+@pytest.mark.skipif(not packed_linear.packing_available(), reason="oneDNN cannot pack here")
+def test_a_packed_layer_tries_no_row_kernel_in_batch_invariant_mode(monkeypatch) -> None:
+    """The mode's fixed chunks of rows (16, WIDE_ROWS) go to oneDNN's product even where the layer
+    holds a widening row kernel (a model first served by another engine): a row's bits are then
+    the same in any batch."""
+    linear = torch.nn.Linear(40, 24).bfloat16()
+    layer = packed_linear.PackedLinear(linear, rows.Streamed(wide=True))
+    calls = []
+    product = widened.linear
+    monkeypatch.setattr(widened, "linear", lambda *args: calls.append(1) or product(*args))
+    x = torch.randn(invariant.ROWS + 4, 40).bfloat16()
+    with torch.inference_mode():
+        layer(x)
+        assert calls  # outside the mode: widened
+        calls.clear()
+        with invariant.batch_invariant():
+            got = layer(x)
+            alone = layer(x[:1])
+    assert not calls and torch.equal(got[:1], alone)
+
+
+def test_widening_is_needed_on_avx512_without_bfloat16_instructions_only(monkeypatch) -> None:
+    from llvmlite import binding
+
+    for features, expected in (
+        ({"avx512f": True, "avx512bf16": False, "amx-bf16": False}, True),  # an Ice Lake Xeon
+        ({"avx512f": True, "avx512bf16": True, "amx-bf16": False}, False),  # a Zen 4
+        ({"avx512f": True, "avx512bf16": True, "amx-bf16": True}, False),  # a Sapphire Rapids
+        ({"avx2": True, "avx512f": False, "avx512bf16": False}, False),  # no AVX-512: not measured
+    ):
+        monkeypatch.setattr(binding, "get_host_cpu_features", lambda f=features: f)
+        assert widened.needed.__wrapped__() is expected

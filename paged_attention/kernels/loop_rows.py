@@ -1,6 +1,7 @@
 """The row-wise loops Numba compiles for the CPU: few-row products and RMSNorm (:mod:`.rows`, :mod:`.tiled`).
 
-All arguments are NumPy arrays; bfloat16 arrives as its raw 16 bits (``uint16``), float32 as itself.
+All arguments are NumPy arrays (but the addresses ``linear_rows_at`` takes); bfloat16 arrives as its
+raw 16 bits (``uint16``), float32 as itself.
 
 * ``linear_rows(x, weight, bias, out)``: ``x[M, K] @ weight[N, K].T + bias[N]`` for a few rows
   (``bias`` of length 0: none), float32 sums in 16 lanes (:mod:`.lanes`), each weight row read from

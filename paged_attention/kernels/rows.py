@@ -143,7 +143,15 @@ class Streamed:
 
     def __init__(self, rows: int = LINEAR_ROWS, wide: bool | None = None) -> None:
         self.rows = rows
-        self.wide = widened.needed() if wide is None else wide
+        self._wide = wide
+
+    @property
+    def wide(self) -> bool:
+        """Whether it widens products of many rows (asked of the CPU on first use: importing the
+        package does not load Numba's LLVM)."""
+        if self._wide is None:
+            self._wide = widened.needed()
+        return self._wide
 
     def prepare(
         self, weight: Tensor, bias: Tensor | None, product: Callable[[Tensor], Tensor]
@@ -161,7 +169,7 @@ class Streamed:
     def __call__(self, x: Tensor, prepared: Streamable, bias: Tensor | None) -> Tensor | None:
         k_in = prepared.weight_bits.shape[1]
         rows = x.numel() // k_in
-        if self.wide and rows >= widened.WIDE_ROWS:
+        if rows >= widened.WIDE_ROWS and self.wide:
             return widened.linear(x, prepared.weight, bias)
         if x.shape[-1] != k_in or not 0 < rows <= self.rows or x.dtype != torch.bfloat16 or not x.is_cpu:
             return None

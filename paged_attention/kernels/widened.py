@@ -11,14 +11,16 @@ This way (:func:`linear`): a slice of the weight, as many rows as fit 1 MiB of f
 (:data:`SLICE`, within a core's L2 cache), is widened to float32 (exact: a bfloat16 is the top half
 of a float32; :func:`.loop_rows.widened`, the pass that reads the weights from memory), multiplied
 with the float32 rows by torch's float32 product (MKL), the next slice reusing the same buffer; the
-float32 sums get the bias, then are rounded to bfloat16 once, as oneDNN's are. The sums are in
+float32 sums get the bias, then are rounded to bfloat16 once, as oneDNN's are. At most
+:data:`BLOCK` rows at a time. The sums are in
 another order than oneDNN's: results within one rounding of its, not its bits. Fewer rows than
 :data:`WIDE_ROWS` stay oneDNN's (at 4 rows it was 0.07 s against 0.13 this way: widening every
 weight costs a pass of ~30 ms whatever the rows).
 
 Where it is used: the engine's bfloat16 row kernel (:class:`.rows.Streamed`) takes products of at
-least :data:`WIDE_ROWS` rows this way where :func:`needed` (the CPU lacks both instructions);
-never in batch-invariant mode, whose products keep oneDNN's fixed chunks.
+least :data:`WIDE_ROWS` rows this way where :func:`needed` (an AVX-512 CPU without either
+instruction); never in batch-invariant mode, whose products keep oneDNN's fixed chunks (the packed
+and merged layers try no row kernel while the mode is on).
 """
 
 from __future__ import annotations
@@ -39,21 +41,27 @@ WIDE_ROWS = 16
 #: float32 elements of one widened slice of the weight (1 MiB): it stays in the L2 cache for the
 #: product that reads it.
 SLICE = 1 << 18
+#: Rows multiplied together at most: more (a long prompt's logprobs over the vocabulary) are taken
+#: a block at a time, each widening the weights again (~30 ms a pass for SmolLM2, a few percent of
+#: a block's product), so that the float32 sums never exceed ``BLOCK`` rows of outputs.
+BLOCK = 256
 
 _buffers = threading.local()  # one slice buffer per thread (an engine's products run in one)
 
 
 @functools.cache
 def needed() -> bool:
-    """Whether this CPU lacks bfloat16 arithmetic (neither AVX512-BF16 nor AMX-BF16, as LLVM reads
-    the host), so that oneDNN's bfloat16 products emulate it. ``False`` where LLVM is missing."""
+    """Whether this CPU has AVX-512 but no bfloat16 arithmetic (neither AVX512-BF16 nor AMX-BF16,
+    as LLVM reads the host), so that oneDNN's packed bfloat16 products emulate it. ``False`` where
+    LLVM is missing, and on a CPU without AVX-512 (oneDNN does not pack bfloat16 there, and this
+    was not measured there)."""
     try:
         from llvmlite import binding
     except ImportError:
         return False
-    features = binding.get_host_cpu_features()
-    x86 = "avx2" in features or "sse2" in features
-    return x86 and not (features.get("avx512bf16", False) or features.get("amx-bf16", False))
+    features = binding.get_host_cpu_features()  # (every feature LLVM knows, each True or False)
+    avx512 = features.get("avx512f", False)  # where oneDNN packs bfloat16 and this was measured
+    return avx512 and not (features.get("avx512bf16", False) or features.get("amx-bf16", False))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
@@ -72,25 +80,28 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
     n_out = weight.shape[0]
     if not weight.is_contiguous() or (bias is not None and bias.shape != (n_out,)):
         return None
-    inputs = x.detach().reshape(rows, k_in).to(torch.float32).t()  # [K, M]: the product's right side
-    sums = torch.empty(n_out, rows)  # transposed: each slice of the weight fills whole rows of it
+    flat = x.detach().reshape(rows, k_in)
+    out = torch.empty(rows, n_out, dtype=torch.bfloat16)
     step = max(1, SLICE // k_in)
     buffer = _buffer(step * k_in)
     bits = as_numpy(weight.detach()).reshape(-1)
+    bias32 = None if bias is None else bias.detach().to(torch.float32)[:, None]
     try:
         loop = _loop()
-        for start in range(0, n_out, step):
-            stop = min(n_out, start + step)
-            piece = buffer[: (stop - start) * k_in]
-            loop(bits[start * k_in : stop * k_in], as_numpy(piece))
-            torch.mm(piece.view(stop - start, k_in), inputs, out=sums[start:stop])
+        for first in range(0, rows, BLOCK):  # (the float32 sums of a block of rows at a time)
+            inputs = flat[first : first + BLOCK].to(torch.float32).t()  # [K, M]: the right side
+            sums = torch.empty(n_out, inputs.shape[1], dtype=torch.float32)  # transposed: slices fill rows
+            for start in range(0, n_out, step):
+                stop = min(n_out, start + step)
+                piece = buffer[: (stop - start) * k_in]
+                loop(bits[start * k_in : stop * k_in], as_numpy(piece))
+                torch.mm(piece.view(stop - start, k_in), inputs, out=sums[start:stop])
+            if bias32 is not None:
+                sums += bias32
+            out[first : first + BLOCK].copy_(sums.t())  # (rounded once, to nearest even)
     except Exception as error:  # (Numba could not compile the loop: the caller's product instead)
         compiled.give_up(error)
         return None
-    if bias is not None:
-        sums += bias.detach().to(torch.float32)[:, None]
-    out = torch.empty(rows, n_out, dtype=torch.bfloat16)
-    out.copy_(sums.t())  # (rounded once, to nearest even)
     return out.view(*x.shape[:-1], n_out)
 
 
@@ -98,7 +109,7 @@ def _buffer(size: int) -> Tensor:
     """This thread's float32 slice buffer, at least ``size`` elements."""
     kept = getattr(_buffers, "tensor", None)
     if kept is None or kept.numel() < size:
-        kept = _buffers.tensor = torch.empty(max(size, SLICE))
+        kept = _buffers.tensor = torch.empty(max(size, SLICE), dtype=torch.float32)
     return kept
 
 

@@ -96,7 +96,7 @@ class MergedProduct:
         return invariant.product(self._multiply, x)  # in fixed row chunks in batch-invariant mode
 
     def _multiply(self, x: torch.Tensor) -> torch.Tensor:
-        if self.prepared is not None:  # (autograd never gets here: members multiply themselves then)
+        if self.prepared is not None and invariant.active_rows() is None:  # (autograd never gets here)
             out = self.rows(x, self.prepared, self.bias)
             if out is not None:
                 return out

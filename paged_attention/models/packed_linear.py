@@ -127,11 +127,11 @@ class PackedLinear(torch.nn.Linear):
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """``F.linear(x, weight, bias)`` (in fixed row chunks in batch-invariant mode): the row
-        kernel's where it applies, else the packed product."""
+        kernel's where it applies (never while that mode is on), else the packed product."""
         return invariant.product(self._multiply, x)
 
     def _multiply(self, x: torch.Tensor) -> torch.Tensor:
-        prepared = self.prepared
+        prepared = self.prepared if invariant.active_rows() is None else None  # (the mode: oneDNN's)
         if prepared is not None and not torch.is_grad_enabled() and self._state() == self.packed_state:
             out = self.rows(x, prepared, self.bias)  # (it checks x: None where it does not apply)
             if out is not None:
@@ -143,7 +143,8 @@ class PackedLinear(torch.nn.Linear):
             return F.linear(x, weight, self.bias)
         if self._state() != self.packed_state:
             self._repack()  # (then the row kernel, as for any other call)
-            out = self.rows(x, self.prepared, self.bias) if self.prepared is not None else None
+            kept = self.prepared if invariant.active_rows() is None else None
+            out = self.rows(x, kept, self.bias) if kept is not None else None
             if out is not None:
                 return out
         return packed_product(x, self.packed, self.bias)

@@ -65,6 +65,8 @@ def main(args: list[str] | None = None) -> None:
     )
     parser.add_argument("--no-save", action="store_true", help="print only: write nothing to figures/")
     opts = parser.parse_args(args)
+    if opts.compile and len(opts.dtype) < 2:
+        parser.error("--compile applies to a comparison of dtypes: name two or more with --dtype")
     if len(opts.dtype) > 1:
         threads = set_threads(opts.threads)
         dtypes.run(opts.model, opts.dtype, opts.batch_sizes, threads, not opts.no_save, opts.compile)

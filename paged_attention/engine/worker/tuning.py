@@ -10,7 +10,8 @@ and 35.4 against 33.7 at two rows (so: one row; these passes call each layer as 
 Python included, where :func:`..kernels.rows.linear_rows` quotes the loops alone). So the engine
 measures, on the model it serves: for each row count from one up, a pass over every product of the
 model with the row kernel and with oneDNN; the row kernel keeps the counts where it is at least
-:data:`MARGIN` times faster (``rows``; 0: none, and its prepared copies are dropped).
+:data:`MARGIN` times faster (``rows``; 0: none, and its prepared copies are dropped, unless the
+kernel also widens products of many rows, :mod:`..kernels.widened`: then it keeps them for that).
 
 Prompts are not a measured choice. torch's SDPA over the gathered pages was once 2.9x faster than
 the in-place loop on that Xeon in bfloat16 (today's AMX loop takes 0.67-0.77x of SDPA's time,
@@ -62,7 +63,8 @@ class Tuning:
 def tune(model: torch.nn.Module, kernel: RowKernel | None) -> Tuning:
     """Measure (or read back) this machine's choices for ``model`` (packed and merged, its layers
     given a row kernel, whose ``rows`` is the most it takes), then apply the row choice: the kernel's
-    ``rows`` lowered, or, where it wins at no row count, taken from every layer with what it kept.
+    ``rows`` lowered, or, where it wins at no row count, taken from every layer with what it kept
+    (kept where the kernel widens products of many rows: its ``wide``).
     A model of at most :data:`SMALL_MODEL_BYTES` is not measured (too quick to time against noise):
     it keeps the kernels, so that its results do not depend on the machine's speed."""
     dtype = next(model.parameters()).dtype
