@@ -84,7 +84,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
     out = torch.empty(rows, n_out, dtype=torch.bfloat16)
     step = max(1, SLICE // k_in)
     buffer = _buffer(step * k_in)
-    bits = as_numpy(weight.detach()).reshape(-1)
+    bits, wide = as_numpy(weight.detach()).reshape(-1), as_numpy(buffer)
     bias32 = None if bias is None else bias.detach().to(torch.float32)[:, None]
     try:
         loop = _loop()
@@ -93,9 +93,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
             sums = torch.empty(n_out, inputs.shape[1], dtype=torch.float32)  # transposed: slices fill rows
             for start in range(0, n_out, step):
                 stop = min(n_out, start + step)
-                piece = buffer[: (stop - start) * k_in]
-                loop(bits[start * k_in : stop * k_in], as_numpy(piece))
-                torch.mm(piece.view(stop - start, k_in), inputs, out=sums[start:stop])
+                size = (stop - start) * k_in
+                loop(bits[start * k_in : stop * k_in], wide[:size])
+                torch.mm(buffer[:size].view(stop - start, k_in), inputs, out=sums[start:stop])
             if bias32 is not None:
                 sums += bias32
             out[first : first + BLOCK].copy_(sums.t())  # (rounded once, to nearest even)

@@ -131,11 +131,9 @@ class PackedLinear(torch.nn.Linear):
         return invariant.product(self._multiply, x)
 
     def _multiply(self, x: torch.Tensor) -> torch.Tensor:
-        prepared = self.prepared if invariant.active_rows() is None else None  # (the mode: oneDNN's)
-        if prepared is not None and not torch.is_grad_enabled() and self._state() == self.packed_state:
-            out = self.rows(x, prepared, self.bias)  # (it checks x: None where it does not apply)
-            if out is not None:
-                return out
+        kept = self.prepared is not None and self._state() == self.packed_state  # (state: only if kept)
+        if kept and (out := self._rows(x)) is not None:
+            return out
         weight = self.weight
         if torch.is_grad_enabled() or x.dtype not in PACKED_DTYPES or weight.dtype != x.dtype:
             return F.linear(x, weight, self.bias)
@@ -143,11 +141,16 @@ class PackedLinear(torch.nn.Linear):
             return F.linear(x, weight, self.bias)
         if self._state() != self.packed_state:
             self._repack()  # (then the row kernel, as for any other call)
-            kept = self.prepared if invariant.active_rows() is None else None
-            out = self.rows(x, kept, self.bias) if kept is not None else None
-            if out is not None:
+            if (out := self._rows(x)) is not None:
                 return out
         return packed_product(x, self.packed, self.bias)
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The row kernel's product of ``x``, or ``None``: no kernel kept, autograd on, the
+        batch-invariant mode on (its chunks are oneDNN's), or the kernel declines ``x``."""
+        if self.prepared is None or torch.is_grad_enabled() or invariant.active_rows() is not None:
+            return None
+        return self.rows(x, self.prepared, self.bias)
 
     def unpacked(self) -> torch.nn.Linear:
         """An ordinary ``nn.Linear`` holding the same parameters."""
