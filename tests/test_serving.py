@@ -21,6 +21,7 @@ import logging
 import pathlib
 import re
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from paged_attention.engine.chat import PLAIN_TEMPLATE
 from paged_attention.engine.llm import LLM
 from paged_attention.engine.llm_engine import LLMEngine
 from paged_attention.engine.params import SamplingParams
-from paged_attention.serving import AsyncLLM, ServerProcess, ServerThread, build_app
+from paged_attention.serving import AsyncLLM, ServerProcess, ServerThread, build_app, free_port
 
 MODEL = "tiny"
 NUM_KV_BLOCKS = 16  # x 16 tokens: max_model_len 257, where the model itself has 1024 positions
@@ -879,12 +880,26 @@ def test_metrics_names_and_exact_counts(served: Served, http: httpx.Client) -> N
 
 
 # -- the serve command as a child process -------------------------------------------------------------------
+def test_free_ports_lie_below_the_outgoing_range() -> None:
+    """:func:`free_port` (for servers that cannot take a socket, as the real vLLM): a port bindable
+    now, below the range the OS hands to outgoing connections, which could otherwise take it first."""
+    low = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(8)}
+    assert all(1024 <= port < low for port in ports) and len(ports) > 1
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports.pop()))
+
+
 def test_serve_command_stops_on_sigterm_and_sigint(tmp_path) -> None:
     """``python -m paged_attention serve --model tiny``: two servers started side by side (each start
     is mostly imports), one request each, then SIGTERM to one and SIGINT (``stop()``) to the other:
     both exit 0, promptly, and their engine cores (processes of their own) are gone."""
     args = ["--model", "tiny", "--num-kv-blocks", "64", "--threads", "1", "--log-level", "warning"]
     servers = [ServerProcess(args, log=tmp_path / f"serve-{i}.log") for i in range(2)]
+    for s in servers:  # each port is bound before its child starts (handed over: serve --fd)
+        assert "--fd" in s.args
+        with pytest.raises(OSError), socket.socket() as sock:
+            sock.bind(("127.0.0.1", s.port))
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             list(pool.map(ServerProcess.start, servers))
@@ -913,3 +928,7 @@ def test_serve_command_stops_on_sigterm_and_sigint(tmp_path) -> None:
         pid = re.search(r"in its own process [(]pid (\d+)[)]", (tmp_path / f"serve-{i}.log").read_text())[1]
         stat = pathlib.Path(f"/proc/{pid}/stat")
         assert not stat.exists() or stat.read_text().split()[2] == "Z", f"core {pid} outlived its server"
+    for s in servers:  # nobody holds the ports any more (neither this process nor an engine core)
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", s.port))

@@ -43,6 +43,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=LOCALHOST, help="default 127.0.0.1 (this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
+        "--fd",
+        type=int,
+        default=None,
+        help="serve on this inherited, already listening socket (as uvicorn's --fd); --host and --port then "
+        "only name it in the log (a parent that bound the port first: no one can take it meanwhile)",
+    )
+    p.add_argument(
         "--kv-manager",
         choices=KV_MANAGERS,
         default="paged",
@@ -198,4 +205,4 @@ def main(args: list[str] | None = None) -> None:
     # on their way to the engine core. (Here, not in build_app: a test's server thread shares its process.)
     gc.collect()
     gc.freeze()
-    run(app, opts.host, opts.port, opts.log_level)
+    run(app, opts.host, opts.port, opts.log_level, opts.fd)

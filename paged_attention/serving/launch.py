@@ -8,7 +8,12 @@
   measured experiment): it waits for ``/health``, and ``stop()`` (or leaving its ``with`` block,
   even on an error) sends SIGINT, then kills it if it has not ended in time.
 
-All of them listen on 127.0.0.1 unless told otherwise; :func:`free_port` asks the OS for a port.
+All of them listen on 127.0.0.1 unless told otherwise. Given no port, the thread and the child serve
+on a socket this process has already bound (:func:`listening_socket`; the child inherits it, ``serve
+--fd``): a port chosen first and bound seconds later, by a child still importing torch, can be taken
+in between by anyone's outgoing connection (``address already in use``). :func:`free_port` is for
+servers that cannot take a socket (the real vLLM): it picks a port outside the range the OS hands to
+outgoing connections, which shrinks that window's risk without closing it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -34,21 +40,66 @@ from ..engine.engine_core import die_with_parent
 LOCALHOST = "127.0.0.1"
 
 
+def listening_socket(host: str = LOCALHOST, port: int = 0) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``0``: a free port, the OS's choice) and listening."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        sock.bind((host, port))
+        sock.listen(2048)  # uvicorn's default backlog
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def free_port(host: str = LOCALHOST) -> int:
-    """A TCP port nobody listens on now (the OS's choice)."""
+    """A TCP port nobody uses now, below the range of ports the OS gives outgoing connections
+    (the OS's choice when that range cannot be read or no port below it is free)."""
+    low = _ephemeral_low()
+    for port in random.SystemRandom().sample(range(1024, low), min(64, max(0, low - 1024))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
-def run(app: FastAPI, host: str = LOCALHOST, port: int = 8000, log_level: str = "info") -> None:
-    """Serve ``app`` until SIGINT or SIGTERM, then return (the process exits 0 after either)."""
+def _ephemeral_low() -> int:
+    """The first port of Linux's ``ip_local_port_range`` (1024 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 1024
+
+
+def run(
+    app: FastAPI, host: str = LOCALHOST, port: int = 8000, log_level: str = "info", fd: int | None = None
+) -> None:
+    """Serve ``app`` until SIGINT or SIGTERM, then return (the process exits 0 after either).
+
+    ``fd``: serve on this inherited, already listening socket (``host``/``port`` then only name it)."""
     # uvicorn shuts down cleanly on either signal, then raises it again against the handler it found:
     # SIGINT's KeyboardInterrupt it catches itself, but SIGTERM's default handler would kill the
     # process (status -15) after its clean shutdown. A SIGTERM handler that does nothing lets run return.
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+        if fd is None:
+            uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+            return
+        sock = socket.socket(fileno=fd)  # family and type read from the descriptor
+        sock.set_inheritable(False)  # the engine core's process need not hold it
+        server = uvicorn.Server(
+            uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+        )
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run(sockets=[sock])
+        if not server.started:
+            raise SystemExit(3)  # uvicorn's status for a server that never started
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -71,12 +122,15 @@ class ServerThread:
     """``app`` served by uvicorn in a daemon thread of this process, on ``host:port``."""
 
     def __init__(self, app: FastAPI, host: str = LOCALHOST, port: int | None = None) -> None:
-        self.host, self.port = host, port or free_port(host)
+        self.socket = listening_socket(host, port or 0)  # bound now: no one can take the port
+        self.host, self.port = host, self.socket.getsockname()[1]
         config = uvicorn.Config(
             app, host=self.host, port=self.port, log_level="warning", timeout_graceful_shutdown=5
         )
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.socket]}, name="uvicorn", daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -89,7 +143,9 @@ class ServerThread:
 
     def stop(self) -> None:
         self.server.should_exit = True
-        self.thread.join(timeout=30)
+        if self.thread.is_alive():
+            self.thread.join(timeout=30)
+        self.socket.close()
 
     def __enter__(self) -> ServerThread:
         return self.start()
@@ -101,9 +157,11 @@ class ServerThread:
 class ServerProcess:
     """``python -m paged_attention serve <args>`` as a child process on 127.0.0.1 and a free port.
 
-    Its output goes to ``log`` (a file path) or is discarded. Use it in a ``with`` block, so that
-    the server is stopped however the block ends; a started server is also stopped when this
-    process exits, and (on Linux, started from the main thread) gets SIGTERM if this process dies."""
+    Given no ``port``, the child serves on a socket bound here and handed over (``--fd``), so the
+    port is the child's from the start. Its output goes to ``log`` (a file path) or is discarded.
+    Use it in a ``with`` block, so that the server is stopped however the block ends; a started
+    server is also stopped when this process exits, and (on Linux, started from the main thread)
+    gets SIGTERM if this process dies."""
 
     def __init__(
         self,
@@ -113,7 +171,9 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         startup_timeout: float = 180,
     ) -> None:
-        self.port = port or free_port()
+        self.socket = None if port else listening_socket()
+        self.port = port or self.socket.getsockname()[1]
+        handover = ["--fd", str(self.socket.fileno())] if self.socket else []
         self.args = [
             sys.executable,
             "-m",
@@ -123,6 +183,7 @@ class ServerProcess:
             LOCALHOST,
             "--port",
             str(self.port),
+            *handover,
             *args,
         ]
         self.log, self.env, self.startup_timeout = log, env, startup_timeout
@@ -139,9 +200,12 @@ class ServerProcess:
             stdout=output,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(self.env or {})},
+            pass_fds=(self.socket.fileno(),) if self.socket else (),
             # the kernel sends it when the *thread* that started the child ends: only the main thread
             preexec_fn=die_with_parent if sys.platform == "linux" and _in_main_thread() else None,
         )
+        if self.socket:
+            self.socket.close()  # the child holds its copy; the port is free again when it ends
         try:
             wait_healthy(self.url, self.startup_timeout, self.process)
         except BaseException:
