@@ -154,7 +154,7 @@ def test_the_engine_streams_the_weights_of_one_row_products_and_generates_the_sa
     measured_as(monkeypatch, {1: 2.0, 2: 2.0, 3: 2.0, 4: 2.0})  # (where this machine measured it faster)
     llm = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4, attention_backend="compiled")
     calls = []
-    loop = rows._loop()
+    loop = rows._loop(False)
 
     def counted(*args):
         calls.append(1)
@@ -167,7 +167,7 @@ def test_the_engine_streams_the_weights_of_one_row_products_and_generates_the_sa
     assert layers and all(isinstance(o.rows, rows.Streamed) for o in owners)
     assert all(o.rows.rows == rows.LINEAR_ROWS for o in owners)
     assert all(o.prepared.weight.data_ptr() == o.weight.data_ptr() for o in owners)  # the weight itself
-    monkeypatch.setattr(rows, "_loop", lambda: counted)
+    monkeypatch.setattr(rows, "_loop", lambda wide: counted)
     prompt = [{"prompt_token_ids": [5, 6, 7, 8, 9]}]
     text = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
     assert any(calls)

@@ -105,8 +105,8 @@ def test_the_real_probes_time_both_paths_and_restore_the_layers(monkeypatch) -> 
         owner.rows, owner.prepared = kernel, kernel.prepare(owner.weight.detach(), owner.bias, owner.product)
     kept = [o.prepared for o in owners]
     calls = []
-    loop = rows._loop()
-    monkeypatch.setattr(rows, "_loop", lambda: lambda *a: calls.append(1) or loop(*a))
+    loop = rows._loop(False)
+    monkeypatch.setattr(rows, "_loop", lambda wide: lambda *a: calls.append(1) or loop(*a))
     kernel_s, onednn_s = tuning.measure_rows(owners, 1, torch.bfloat16, repeats=1)
     assert kernel_s > 0 and onednn_s > 0
     assert len(calls) == 2 * len(owners)  # a warm-up and a timed pass with the kernel, none without it

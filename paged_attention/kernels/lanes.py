@@ -14,6 +14,7 @@ and every operation is one vector instruction (or a short fixed sequence of them
 * :func:`keep`: ``x`` where ``t < limits[c]`` (``limits``: 16 ``int32``), ``fill`` elsewhere;
 * :func:`fma`: ``a * b + c`` rounded once; :func:`total`: the sum of the 16 lanes, in a fixed order;
 * :func:`dot`: ``acc`` plus the pairwise products of 32 bfloat16 in two values of bits;
+  :func:`odd`, :func:`even`: the two halves of such a value, widened (``dot``'s two steps, apart);
 * :func:`aligned`: scratch arrays that start on a 64-byte line.
 
 No instruction may be reordered or fused (:data:`_EXACT`), even inside a fast-math function, so
@@ -250,6 +251,27 @@ def _widened(builder, bits, odd: bool):
     if odd:
         return builder.bitcast(builder.and_(bits, _splat(-0x10000, _WORDS)), _VECTOR)
     return builder.bitcast(builder.shl(bits, _splat(16, _WORDS)), _VECTOR)
+
+
+@intrinsic
+def odd(typingctx, bits):
+    """The odd (high) bfloat16 of each 32-bit lane of ``bits`` (loaded from a ``uint16`` array),
+    as float32: ``bits[2j + 1]`` in lane ``j`` (exact)."""
+
+    def codegen(context, builder, signature, args):
+        return _widened(builder, builder.bitcast(args[0], _WORDS), True)
+
+    return lanes(lanes), codegen
+
+
+@intrinsic
+def even(typingctx, bits):
+    """The even (low) bfloat16 of each 32-bit lane of ``bits``, as float32: ``bits[2j]`` in lane ``j``."""
+
+    def codegen(context, builder, signature, args):
+        return _widened(builder, builder.bitcast(args[0], _WORDS), False)
+
+    return lanes(lanes), codegen
 
 
 @functools.cache

@@ -139,7 +139,8 @@ class Streamed:
     bfloat16 weight it keeps a :class:`Streamable` (views, no copy). It takes products of up to
     ``rows`` rows (at most :data:`LINEAR_ROWS`; an engine lowers it where oneDNN measures faster)
     and, if ``wide`` (by default: where :func:`.widened.needed`, a CPU without bfloat16
-    arithmetic), those of at least :data:`.widened.WIDE_ROWS` rows, from widened weights."""
+    arithmetic), those of more than :data:`LINEAR_ROWS` rows too; there, from
+    :data:`.widened.WIDE_ROWS` rows on, four rows at a time (:mod:`.widened`: the same bits)."""
 
     def __init__(self, rows: int = LINEAR_ROWS, wide: bool | None = None) -> None:
         self.rows = rows
@@ -169,17 +170,18 @@ class Streamed:
     def __call__(self, x: Tensor, prepared: Streamable, bias: Tensor | None) -> Tensor | None:
         k_in = prepared.weight_bits.shape[1]
         rows = x.numel() // k_in
-        if rows >= widened.WIDE_ROWS and self.wide:
-            return widened.linear(x, prepared.weight, bias)
-        if x.shape[-1] != k_in or not 0 < rows <= self.rows or x.dtype != torch.bfloat16 or not x.is_cpu:
+        if x.shape[-1] != k_in or x.dtype != torch.bfloat16 or not x.is_cpu:
+            return None
+        wide = rows >= widened.WIDE_ROWS and self.wide  # (past LINEAR_ROWS, whatever the tuning chose)
+        if not (0 < rows <= self.rows or (wide and rows > LINEAR_ROWS)):
             return None
         if not _same(bias, prepared.bias) or torch.is_grad_enabled() or not compiled.available():
-            return linear_rows(x, prepared.weight, bias)  # (the checks, the conversions: every time)
+            return (widened.linear if wide else linear_rows)(x, prepared.weight, bias)  # (checks, views)
         if not x.is_contiguous():
             x = x.contiguous()
         out = torch.empty((*x.shape[:-1], prepared.weight_bits.shape[0]), dtype=torch.bfloat16)
         try:  # (by address: both contiguous bfloat16, alive until the loop returns)
-            _loop()(x.data_ptr(), rows, prepared.weight_bits, prepared.bias_bits, out.data_ptr())
+            _loop(wide)(x.data_ptr(), rows, prepared.weight_bits, prepared.bias_bits, out.data_ptr())
         except Exception as error:
             compiled.give_up(error)
             return None
@@ -195,10 +197,11 @@ def _same(bias: Tensor | None, kept: Tensor | None) -> bool:
 
 
 @functools.cache
-def _loop() -> Callable[..., None]:
-    from .loop_rows import linear_rows_at as loop  # imported late: importing Numba costs half a second
+def _loop(wide: bool) -> Callable[..., None]:
+    """The loop by address: four rows at a time (:mod:`.widened`) or each row alone."""
+    from . import loop_rows  # imported late: importing Numba costs half a second
 
-    return loop
+    return loop_rows.linear_quads_at if wide else loop_rows.linear_rows_at
 
 
 #: A bfloat16 row kernel taking all it can (an engine makes its own, to lower its rows).

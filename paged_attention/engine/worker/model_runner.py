@@ -256,9 +256,9 @@ class ModelRunner:
         #: (:mod:`..kernels.rows`), float32 ones from a tiled copy, in oneDNN's order of sums
         #: (:mod:`..kernels.tiled`), for the row counts where this machine measures them faster
         #: (:mod:`.tuning`); on a CPU without bfloat16 arithmetic, bfloat16 products of many rows
-        #: from weights widened to float32 a slice at a time (:mod:`..kernels.widened`). A compiled
-        #: model's graph calls each of these layers as one opaque operation (:mod:`..models.opaque`):
-        #: they choose at run time.
+        #: four rows at a time, the weights widened to float32 in registers (:mod:`..kernels.widened`).
+        #: A compiled model's graph calls each of these layers as one opaque operation
+        #: (:mod:`..models.opaque`): they choose at run time.
         on_cpu = self.device.type == "cpu"
         bf16 = next(model.parameters()).dtype == torch.bfloat16
         fast = self.backend == "compiled" and not self.batch_invariant

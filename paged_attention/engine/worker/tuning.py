@@ -11,7 +11,8 @@ Python included, where :func:`..kernels.rows.linear_rows` quotes the loops alone
 measures, on the model it serves: for each row count from one up, a pass over every product of the
 model with the row kernel and with oneDNN; the row kernel keeps the counts where it is at least
 :data:`MARGIN` times faster (``rows``; 0: none, and its prepared copies are dropped, unless the
-kernel also widens products of many rows, :mod:`..kernels.widened`: then it keeps them for that).
+kernel also widens products of many rows, :mod:`..kernels.widened`: then it keeps them for that,
+and takes every product of more than :data:`..kernels.rows.LINEAR_ROWS` rows whatever was chosen).
 
 Prompts are not a measured choice. torch's SDPA over the gathered pages was once 2.9x faster than
 the in-place loop on that Xeon in bfloat16 (today's AMX loop takes 0.67-0.77x of SDPA's time,
@@ -46,7 +47,7 @@ from ...models.packed_linear import PACKED_DTYPES, PackedLinear, RowKernel
 
 MARGIN = 1.05  #: a row kernel is kept for a row count where it is at least this many times faster
 CLOSE = 1.15  #: a ratio within this factor of the margin is measured again
-VERSION = 3  #: part of the cache key: a change to the probes measures again
+VERSION = 4  #: part of the cache key: a change to the probes or the kernels measures again
 CACHE_NAME = "tuning"
 SMALL_MODEL_BYTES = 64 << 20  #: weights up to this size are not measured (as in ``models.cpu_dtype``)
 
