@@ -173,37 +173,34 @@ def test_an_engine_widens_its_prompts_where_asked_and_keeps_its_tokens(monkeypat
     calls.clear()
     invariant = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4, batch_invariant=True)
     invariant.generate(prompt, params, use_tqdm=False)
-    assert not calls
+    assert calls and min(calls) > rows.LINEAR_ROWS  # the mode's products: the loops' too, unchunked
+    monkeypatch.setattr(widened, "needed", lambda: False)
+    calls.clear()
+    LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4, batch_invariant=True).generate(prompt, params)
+    assert not calls  # a CPU with bfloat16 arithmetic: oneDNN's fixed chunks
 
 
 @needs_numba
 @pytest.mark.skipif(not packed_linear.packing_available(), reason="oneDNN cannot pack here")
-def test_a_packed_layer_tries_no_row_kernel_in_batch_invariant_mode(monkeypatch) -> None:
-    """The mode's fixed chunks of rows (invariant.ROWS) go to oneDNN's product even where the layer
-    holds a widening row kernel (a model first served by another engine): a row's bits are then
-    the same in any batch."""
-    linear = torch.nn.Linear(40, 24).bfloat16()
-    layer = packed_linear.PackedLinear(linear, rows.Streamed(wide=True))
+@pytest.mark.parametrize("wide", [True, False])
+def test_the_batch_invariant_mode_takes_a_widening_kernels_products_whole(monkeypatch, wide) -> None:
+    """In the mode a packed layer and a merged group whose row kernel widens (a CPU without
+    bfloat16 arithmetic) multiply every row count at once through the loops, unchunked, unpadded,
+    each row with the bits it gets alone; a kernel that does not widen leaves the mode's oneDNN
+    chunks (also invariant). Outside the mode nothing changes."""
+    from paged_attention.models.merged_projections import MergedProduct
+
+    g = torch.Generator().manual_seed(4)
+    q, k = torch.nn.Linear(40, 24, bias=False).bfloat16(), torch.nn.Linear(40, 8, bias=False).bfloat16()
+    kernel = rows.Streamed(wide=wide)
+    layer = packed_linear.PackedLinear(torch.nn.Linear(40, 24).bfloat16(), kernel)
+    owners = [layer, MergedProduct([q, k], kernel)]
     calls = count_widened(monkeypatch)
-    x = torch.randn(invariant.ROWS + 4, 40).bfloat16()
-    with torch.inference_mode():
-        layer(x)
-        assert calls  # outside the mode: widened
+    x = torch.randn(invariant.ROWS + 5, 40, generator=g).bfloat16()
+    for owner in owners:
+        with torch.inference_mode(), invariant.batch_invariant():
+            got = owner.product(x)
+            alone = torch.cat([owner.product(x[i : i + 1]) for i in range(x.shape[0])])
+        assert torch.equal(got, alone)
+        assert calls == ([x.shape[0]] if wide else [])  # 21 rows at once (their four-row tiles)
         calls.clear()
-        with invariant.batch_invariant():
-            got = layer(x)
-            alone = layer(x[:1])
-    assert not calls and torch.equal(got[:1], alone)
-
-
-def test_widening_is_needed_on_avx512_without_bfloat16_instructions_only(monkeypatch) -> None:
-    from llvmlite import binding
-
-    for features, expected in (
-        ({"avx512f": True, "avx512bf16": False, "amx-bf16": False}, True),  # an Ice Lake Xeon
-        ({"avx512f": True, "avx512bf16": True, "amx-bf16": False}, False),  # a Zen 4
-        ({"avx512f": True, "avx512bf16": True, "amx-bf16": True}, False),  # a Sapphire Rapids
-        ({"avx2": True, "avx512f": False, "avx512bf16": False}, False),  # no AVX-512: not measured
-    ):
-        monkeypatch.setattr(binding, "get_host_cpu_features", lambda f=features: f)
-        assert widened.needed.__wrapped__() is expected

@@ -177,15 +177,35 @@ class Streamed:
             return None
         if not _same(bias, prepared.bias) or torch.is_grad_enabled() or not compiled.available():
             return (widened.linear if wide else linear_rows)(x, prepared.weight, bias)  # (checks, views)
-        if not x.is_contiguous():
-            x = x.contiguous()
-        out = torch.empty((*x.shape[:-1], prepared.weight_bits.shape[0]), dtype=torch.bfloat16)
-        try:  # (by address: both contiguous bfloat16, alive until the loop returns)
-            _loop(wide)(x.data_ptr(), rows, prepared.weight_bits, prepared.bias_bits, out.data_ptr())
-        except Exception as error:
-            compiled.give_up(error)
+        return _by_address(x, rows, prepared, wide)
+
+    def invariant(self, x: Tensor, prepared: Streamable, bias: Tensor | None) -> Tensor | None:
+        """The product of ``x`` (any number of rows) where each row gets the bits it gets alone,
+        whatever ``rows`` a tuning chose: the batch-invariant mode's product (:mod:`..models.invariant`)
+        on a CPU where this kernel is ``wide`` (there the loops, each output summed alone in one
+        fixed order, are also the fast way: oneDNN emulates bfloat16 arithmetic). ``None``
+        elsewhere, and where it does not apply (another dtype, shape or device): not a row count."""
+        k_in = prepared.weight_bits.shape[1]
+        rows = x.numel() // k_in
+        if not self.wide or x.shape[-1] != k_in or x.dtype != torch.bfloat16 or not x.is_cpu or rows == 0:
             return None
-        return out
+        wide = rows >= widened.WIDE_ROWS  # (the same bits as the row loop's)
+        if not _same(bias, prepared.bias) or torch.is_grad_enabled() or not compiled.available():
+            return None
+        return _by_address(x, rows, prepared, wide)
+
+
+def _by_address(x: Tensor, rows: int, prepared: Streamable, wide: bool) -> Tensor | None:
+    """The loop's product of the bfloat16 ``x[..., K]`` (``rows`` rows), by address: four rows at a
+    time if ``wide``, else each row alone (the same bits); ``None`` if Numba cannot compile it."""
+    x = x.contiguous()
+    out = torch.empty((*x.shape[:-1], prepared.weight_bits.shape[0]), dtype=torch.bfloat16)
+    try:  # (by address: both contiguous bfloat16, alive until the loop returns)
+        _loop(wide)(x.data_ptr(), rows, prepared.weight_bits, prepared.bias_bits, out.data_ptr())
+    except Exception as error:
+        compiled.give_up(error)
+        return None
+    return out
 
 
 def _same(bias: Tensor | None, kept: Tensor | None) -> bool:

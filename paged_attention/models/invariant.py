@@ -17,7 +17,10 @@ product the *same* product. Inside :func:`batch_invariant`, each linear layer of
 chunk padded with zero rows. Every chunk then runs the one kernel with the one order of sums, and a
 row's result depends only on the row (checked: within a 16-row product a row's position does not
 change its bits; ``tests/test_batch_invariant.py``). The price: padding (a decode step of 1 sequence
-computes 16 rows) and a product per 16 rows instead of one large one.
+computes 16 rows) and a product per 16 rows instead of one large one. Where the layer's row kernel
+sums each output alone in one order whatever the rows (bfloat16 on a CPU without bfloat16
+arithmetic, :meth:`..kernels.rows.Streamed.invariant`, which is also the fast way there), it takes
+the whole product instead, unpadded.
 
 The contract: inside the context, ``layer(x)[i]`` is bit for bit ``layer(x[i:i+1])[0]`` for every row
 ``i`` and any batch ``x`` of the same dtype, on the same machine and thread count; outside it,
@@ -58,12 +61,21 @@ def active_rows() -> int | None:
     return _rows.get()
 
 
-def product(multiply: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+def product(
+    multiply: Callable[[torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    whole: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
+) -> torch.Tensor:
     """``multiply(x)`` (a product over ``x``'s last dimension, any leading dims), in chunks of the
-    mode's fixed row count when the mode is on; ``multiply(x)`` itself when it is off."""
+    mode's fixed row count when the mode is on; ``multiply(x)`` itself when it is off. ``whole``: a
+    product that gives each row the bits it gets alone, whatever the rows beside it (a row kernel's
+    ``invariant``: each output summed alone, in one order), tried first in the mode, unchunked;
+    its ``None`` (it does not apply to ``x``, whatever its rows) leaves the chunks."""
     rows = _rows.get()
     if rows is None:
         return multiply(x)
+    if whole is not None and (out := whole(x)) is not None:
+        return out
     flat = x.reshape(-1, x.shape[-1])
     n = flat.shape[0]
     padded = -(-n // rows) * rows

@@ -93,7 +93,12 @@ class MergedProduct:
         """``x @ weight.T + bias`` for the whole group, from the packed weight where one is kept."""
         if self._state() != self.state:
             self.rebuild()  # a parameter was replaced or changed in place
-        return invariant.product(self._multiply, x)  # in fixed row chunks in batch-invariant mode
+        return invariant.product(self._multiply, x, self._whole)  # the mode: fixed chunks, or whole
+
+    def _whole(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The row kernel's batch-invariant product of ``x`` (``None``: no kernel kept, or it has none)."""
+        whole = getattr(self.rows, "invariant", None)
+        return None if whole is None or self.prepared is None else whole(x, self.prepared, self.bias)
 
     def _multiply(self, x: torch.Tensor) -> torch.Tensor:
         if self.prepared is not None and invariant.active_rows() is None:  # (autograd never gets here)

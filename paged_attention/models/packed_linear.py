@@ -46,7 +46,9 @@ PACKED_DTYPES = (torch.bfloat16, torch.float32)
 
 class RowKernel(Protocol):
     """Products of a few rows another way than the packed product (the engine passes
-    a :class:`..kernels.rows.Streamed` for bfloat16, a :class:`..kernels.tiled.Tiled` for float32)."""
+    a :class:`..kernels.rows.Streamed` for bfloat16, a :class:`..kernels.tiled.Tiled` for float32).
+    One may also offer ``invariant(x, prepared, bias)``: the product of any rows, each row's bits
+    those it gets alone (or ``None``), which the batch-invariant mode takes (:mod:`.invariant`)."""
 
     def prepare(
         self, weight: torch.Tensor, bias: torch.Tensor | None, product: Callable[[torch.Tensor], torch.Tensor]
@@ -126,9 +128,21 @@ class PackedLinear(torch.nn.Linear):
         return self.product(x)
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
-        """``F.linear(x, weight, bias)`` (in fixed row chunks in batch-invariant mode): the row
-        kernel's where it applies (never while that mode is on), else the packed product."""
-        return invariant.product(self._multiply, x)
+        """``F.linear(x, weight, bias)`` (in batch-invariant mode: the row kernel's invariant product,
+        or fixed row chunks): the row kernel's where it applies (its ``rows`` never while that mode is
+        on), else the packed product."""
+        return invariant.product(self._multiply, x, self._whole)
+
+    def _whole(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The row kernel's batch-invariant product of ``x`` (``None``: no kernel kept, or it has none)."""
+        whole = getattr(self.rows, "invariant", None)
+        if whole is None or self.prepared is None or torch.is_grad_enabled():
+            return None
+        if self._state() != self.packed_state:
+            self._repack()  # (a weight changed in place: prepared again, so no call misses the kernel)
+            if self.prepared is None:
+                return None
+        return whole(x, self.prepared, self.bias)
 
     def _multiply(self, x: torch.Tensor) -> torch.Tensor:
         kept = self.prepared is not None and self._state() == self.packed_state  # (state: only if kept)

@@ -39,7 +39,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ... import kernels
-from ...kernels import reference
+from ...kernels import reference, widened
 from ...kernels.layout import pad_block_ids
 from ...kernels.rows import Streamed, replace_norms
 from ...kernels.tiled import Tiled
@@ -263,6 +263,8 @@ class ModelRunner:
         bf16 = next(model.parameters()).dtype == torch.bfloat16
         fast = self.backend == "compiled" and not self.batch_invariant
         few = (Streamed() if bf16 else Tiled()) if fast else None
+        if self.backend == "compiled" and self.batch_invariant and bf16 and on_cpu and widened.needed():
+            few = Streamed()  # its invariant product: the mode's, unchunked (:mod:`..models.invariant`)
         self.num_merged_groups = merge_projections(model, few) if on_cpu else 0
         self.num_packed_layers = pack_linear_layers(model, rows=few) if on_cpu else 0
         #: This machine's measured choices (``None``: not the compiled CPU backend)
