@@ -47,6 +47,24 @@ def test_forward_calls_counts_only_inside_the_modules_forward():
     assert fusion.forward_calls(block, lambda: None) == {}  # hooks removed, nothing counted
 
 
+def test_an_engine_linear_layer_counts_as_one_call_whichever_kernel_multiplies():
+    """A packed layer counts as one ``linear`` (as transformers' nn.Linear), whether its row loop or
+    oneDNN's product multiplies: the count does not depend on what this machine measured faster."""
+    from paged_attention.kernels import rows
+    from paged_attention.models.packed_linear import PackedLinear, packing_available
+
+    if not packing_available():
+        pytest.skip("oneDNN cannot pack here")
+    linear = torch.nn.Linear(64, 32).bfloat16()
+    counts = []
+    for kernel in (rows.Streamed(), None):
+        layer = PackedLinear(linear, kernel)
+        x = torch.ones(2, 64).bfloat16()
+        with torch.inference_mode():
+            counts.append(fusion.forward_calls(layer, lambda layer=layer, x=x: layer(x)))
+    assert counts[0] == counts[1] == {"linear": 1}
+
+
 def test_compile_and_read_refuses_a_build_that_compiles_nothing():
     with pytest.raises(ValueError, match="compiled nothing"):
         fusion.compile_and_read(lambda: 1)

@@ -65,15 +65,23 @@ class _Counting(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.calls: Counter[str] = Counter()
+        self.inside = 0  # products entered and not yet left: their own calls are not counted
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.calls[getattr(func, "__name__", str(func))] += 1
+        if not self.inside:
+            self.calls[getattr(func, "__name__", str(func))] += 1
         return func(*args, **(kwargs or {}))
 
 
 def forward_calls(module: torch.nn.Module, run: Callable[[], Any]) -> Counter[str]:
     """The torch operations Python issues inside ``module``'s forward passes while ``run()`` runs
-    (an eager model: each is one dispatch), by name."""
+    (an eager model: each is one dispatch), by name. A linear layer of the engine (packed, or a
+    member of a merged group) counts as one ``linear``, as transformers' own ``nn.Linear`` does,
+    whichever kernel multiplies inside it (oneDNN's, or a row loop that this CPU measured faster:
+    their own calls would make the count depend on the machine)."""
+    from ..models.merged_projections import MergedMember
+    from ..models.packed_linear import PackedLinear
+
     mode = _Counting()
 
     def enter(*args: Any) -> None:  # (a pre-hook that returned something would replace the inputs)
@@ -82,11 +90,22 @@ def forward_calls(module: torch.nn.Module, run: Callable[[], Any]) -> Counter[st
     def leave(*args: Any) -> None:
         mode.__exit__(None, None, None)
 
-    before = module.register_forward_pre_hook(enter)
-    after = module.register_forward_hook(leave, always_call=True)  # (also when forward raises)
+    def product(*args: Any) -> None:
+        if not mode.inside:
+            mode.calls["linear"] += 1
+        mode.inside += 1
+
+    def done(*args: Any) -> None:
+        mode.inside -= 1
+
+    hooks = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
+    for layer in module.modules():
+        if isinstance(layer, (PackedLinear, MergedMember)):
+            hooks.append(layer.register_forward_pre_hook(product))
+            hooks.append(layer.register_forward_hook(done, always_call=True))
     try:
         run()
     finally:
-        before.remove()
-        after.remove()
+        for hook in hooks:
+            hook.remove()
     return mode.calls

@@ -4,7 +4,9 @@ A decode step of ``batch`` sequences is profiled for ``steps`` steps (after thei
 warm-up) and its time split four ways:
 
 * **matrix products**: the linear layers and the output layer (oneDNN's ``_linear_pointwise`` for
-  packed bfloat16 weights, ``addmm``/``mm``/``linear`` otherwise): the weight reads of notebook 07;
+  packed bfloat16 weights, ``addmm``/``mm``/``linear`` otherwise, and the packed layers' profiler
+  range, whose own time is their row kernels' loops and the Python around them): the weight reads
+  of notebook 07;
 * **attention**: everything inside the engine's attention function, which it marks as one
   profiler range named ``paged_attention`` (storing the new K/V, then attention over the cache: the
   in-place compiled kernel, or the gather and SDPA of the ``torch`` backend);
@@ -29,12 +31,14 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from ..engine.llm_engine import LLMEngine
+from ..models.packed_linear import PRODUCT_RANGE
 from .dtypes import decoding_together
 
 #: Operations counted as matrix products (self time).
 PRODUCTS = frozenset(
-    {"mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm"}
-)
+    {"mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm",
+     PRODUCT_RANGE}  # (the packed layers' range: their row kernels' loops are no PyTorch operation)
+)  # fmt: skip
 RANGE = "paged_attention"  # the engine's profiler range around attention (model_runner)
 PARTS = ("matrix products", "attention", "other operations", "Python and the rest")
 

@@ -39,6 +39,7 @@ from .packed_linear import (
     packed_product,
     packing_available,
     prepare_rows,
+    profiled,
     replace_layers,
     weight_state,
 )
@@ -93,7 +94,8 @@ class MergedProduct:
         """``x @ weight.T + bias`` for the whole group, from the packed weight where one is kept."""
         if self._state() != self.state:
             self.rebuild()  # a parameter was replaced or changed in place
-        return invariant.product(self._multiply, x, self._whole)  # the mode: fixed chunks, or whole
+        with profiled():
+            return invariant.product(self._multiply, x, self._whole)  # the mode: fixed chunks, or whole
 
     def _whole(self, x: torch.Tensor) -> torch.Tensor | None:
         """The row kernel's batch-invariant product of ``x`` (``None``: no kernel kept, or it has none)."""
