@@ -168,14 +168,11 @@ class Streamed:
         return Streamable(weight, bias, compiled.as_numpy(weight), bias_bits)
 
     def __call__(self, x: Tensor, prepared: Streamable, bias: Tensor | None) -> Tensor | None:
-        k_in = prepared.weight_bits.shape[1]
-        rows = x.numel() // k_in
-        if x.shape[-1] != k_in or x.dtype != torch.bfloat16 or not x.is_cpu:
-            return None
+        rows = _rows(x, prepared)
         wide = rows >= widened.WIDE_ROWS and self.wide  # (past LINEAR_ROWS, whatever the tuning chose)
         if not (0 < rows <= self.rows or (wide and rows > LINEAR_ROWS)):
             return None
-        if not _same(bias, prepared.bias) or torch.is_grad_enabled() or not compiled.available():
+        if not _direct(bias, prepared):
             return (widened.linear if wide else linear_rows)(x, prepared.weight, bias)  # (checks, views)
         return _by_address(x, rows, prepared, wide)
 
@@ -185,14 +182,25 @@ class Streamed:
         on a CPU where this kernel is ``wide`` (there the loops, each output summed alone in one
         fixed order, are also the fast way: oneDNN emulates bfloat16 arithmetic). ``None``
         elsewhere, and where it does not apply (another dtype, shape or device): not a row count."""
-        k_in = prepared.weight_bits.shape[1]
-        rows = x.numel() // k_in
-        if not self.wide or x.shape[-1] != k_in or x.dtype != torch.bfloat16 or not x.is_cpu or rows == 0:
+        rows = _rows(x, prepared)
+        if not self.wide or rows == 0 or not _direct(bias, prepared):
             return None
-        wide = rows >= widened.WIDE_ROWS  # (the same bits as the row loop's)
-        if not _same(bias, prepared.bias) or torch.is_grad_enabled() or not compiled.available():
-            return None
-        return _by_address(x, rows, prepared, wide)
+        return _by_address(x, rows, prepared, rows >= widened.WIDE_ROWS)  # (either: the same bits)
+
+
+def _rows(x: Tensor, prepared: Streamable) -> int:
+    """The rows of ``x`` that the loops could multiply by ``prepared`` (0: none: another K, dtype
+    or device)."""
+    k_in = prepared.weight_bits.shape[1]
+    if x.shape[-1] != k_in or x.dtype != torch.bfloat16 or not x.is_cpu:
+        return 0
+    return x.numel() // k_in
+
+
+def _direct(bias: Tensor | None, prepared: Streamable) -> bool:
+    """Whether the loop may be called by address with ``prepared``'s views: the bias it viewed,
+    autograd off, Numba available."""
+    return _same(bias, prepared.bias) and not torch.is_grad_enabled() and compiled.available()
 
 
 def _by_address(x: Tensor, rows: int, prepared: Streamable, wide: bool) -> Tensor | None:
