@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from paged_attention import kernels
-from paged_attention.kernels import compiled, reference
+from paged_attention.kernels import compiled, reference, tiles
 
 from .kernel_cases import TOLERANCE, make_paged_case, query_start_loc
 
@@ -141,6 +141,39 @@ def test_compiled_prefill_reads_the_pages_in_place_and_matches_reference_and_sdp
                 enable_gqa=True,
             ).transpose(0, 1)  # fmt: skip
             torch.testing.assert_close(out[rows], expected, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_engines_flags_give_prompt_rows_and_generated_rows_one_path_whatever_their_count(
+    dtype, monkeypatch
+):
+    """The decode kernel and the prefill loop nest each compute a row alone, in different orders of
+    sums. With ``decoding`` flags (the engine's) a prompt's rows take the prefill nest however few
+    come after a cached prefix, so they keep the whole prompt's bits; generated tokens take the
+    decode kernel however many drafts are verified at once, so each keeps the bits it gets decoded
+    alone."""
+    monkeypatch.setattr(tiles, "rows", lambda *a, **k: 0)  # the loop nests, on an AMX host too
+    length = 90
+    case = make_paged_case([length], 16, 3, 64, dtype, seed=11)
+    query = torch.randn(length, 9, 64, generator=torch.Generator().manual_seed(11)).to(dtype)
+    cache = (case.key_cache, case.value_cache, case.block_tables)
+
+    def attend(rows: slice, decoding: list[bool]) -> torch.Tensor:
+        seen = torch.tensor([rows.stop], dtype=torch.int32)
+        return kernels.paged_prefill(query[rows], *cache, seen, query_start_loc([rows.stop - rows.start]),
+                                     backend="compiled", decoding=decoding)  # fmt: skip
+
+    whole = attend(slice(0, length), [False])
+    for new in (1, 2, 6, 7, 40):  # what a prefix-cache hit or the last chunk leaves to compute
+        assert torch.equal(attend(slice(length - new, length), [False]), whole[-new:]), new
+    for count in (2, 6, 9):  # the last token and its drafts, verified in one step
+        verified = attend(slice(length - count, length), [True])
+        for j, position in enumerate(range(length - count, length)):
+            seen = torch.tensor([position + 1], dtype=torch.int32)
+            alone = kernels.paged_decode(query[position : position + 1], *cache, seen, backend="compiled")
+            assert torch.equal(verified[j], alone[0]), (count, position)
+    with pytest.raises(ValueError, match="decoding must hold a flag per sequence"):
+        attend(slice(0, 5), [False, True])
 
 
 def test_auto_is_the_compiled_kernel_on_a_cpu_and_bad_input_errors_are_the_references():

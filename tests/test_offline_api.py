@@ -170,6 +170,18 @@ def test_num_cached_tokens_counts_the_prefix_cache_hit(llm) -> None:
     assert first.num_cached_tokens == 0 and second.num_cached_tokens == 20
 
 
+@pytest.mark.parametrize("length", [21, 22, 24])
+def test_a_prompt_computed_after_a_prefix_cache_hit_gives_the_bits_of_its_first_run(llm, length) -> None:
+    """A hit leaves the prompt's last 1, 2 or 4 tokens to compute (blocks of 4): attention takes the
+    prefill path for them as for the whole prompt (not the decode kernel, whose sums run in another
+    order), so the second run samples from the first run's very logits."""
+    prompt = list(range(100 + length, 100 + 2 * length))
+    params = SamplingParams(temperature=0, max_tokens=3, logprobs=2)
+    first, second = (llm.generate([prompt], params, use_tqdm=False)[0] for _ in range(2))
+    assert (first.num_cached_tokens, second.num_cached_tokens) == (0, (length - 1) // 4 * 4)
+    assert second.outputs[0].logprobs == first.outputs[0].logprobs
+
+
 def test_an_interrupted_generate_leaves_nothing_of_its_own_behind() -> None:
     """SIGINT at random times, while generate is still adding its prompts or already serving
     them: afterwards the engine serves nothing of that call and holds no block.

@@ -19,6 +19,7 @@ with a GPU, set ``TRITON_INTERPRET=1`` yourself before importing anything.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Literal
 
@@ -192,6 +193,7 @@ def paged_prefill(
     backend: Backend = "auto",
     k_scale: Scale = None,
     v_scale: Scale = None,
+    decoding: Sequence[bool] | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed new tokens ``query[num_tokens, num_heads, head_dim]`` (an 8-bit
     cache read with its ``k_scale``/``v_scale``, as in :func:`paged_decode`).
@@ -199,8 +201,13 @@ def paged_prefill(
     The torch backend runs torch's fused ``scaled_dot_product_attention`` in the cache's dtype
     over each sequence's gathered pages (:func:`.reference.paged_prefill` with ``fused=True``); the
     compiled backend reads the pages in place: its decode kernel for sequences that bring a few
-    tokens (a row per token), its prefill loop nest for longer ones (each row computed alone, so
-    a prompt gets the same bits whether its prefix came from the prefix cache or not)."""
+    tokens (a row per token), its prefill loop nest for longer ones. Each computes a row alone,
+    whatever shares its call, but the two sum in different orders, so the path decides a row's
+    bits: by default the count of new tokens chooses; the engine passes ``decoding`` (a flag per
+    sequence: it brings tokens past its prompt) to choose instead, so that every prompt row takes
+    the prefill nest (a prompt gets the same bits whole, in chunks or after a prefix-cache hit) and
+    every generated token the decode kernel (decoded alone or verified as a draft). The Triton
+    backend has one kernel for every row and ignores it."""
     chosen = resolve_backend(backend, query.device)
     scales = {"k_scale": k_scale, "v_scale": v_scale}
     if chosen in ("torch", "compiled"):
@@ -208,7 +215,7 @@ def paged_prefill(
         return reference.paged_prefill(
             query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, fused=True,
             decode=_compiled_decode if fast else None, prefill=compiled.paged_prefill if fast else None,
-            **scales,
+            decoding=decoding, **scales,
         )  # fmt: skip
     return _triton()[1].paged_prefill(
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, **scales

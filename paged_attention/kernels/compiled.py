@@ -62,7 +62,9 @@ the gathered pages (it computes the masked half as well) took 26-28 ms; 291 agai
 tokens/s on the 64-request peer workload, eager, bfloat16 (two alternating runs each). On a 2-core
 Xeon with AMX, SDPA was 2.9x faster in bfloat16 (8.2 against 23.3 ms: its flash kernel multiplies
 on the matrix engine) and 1.5x in float32, but the loop stays: it computes each row alone, so a
-prompt gets the same bits whether its prefix came from the prefix cache or not (``engine.worker.tuning``).
+prompt gets the same bits whether its prefix came from the prefix cache or not (``engine.worker.tuning``),
+provided its rows take this nest however few are left to compute: the decode kernel sums in another
+order (the engine's ``decoding`` flags, :func:`.reference.paged_prefill`).
 
 Compilation: Numba compiles each loop once per signature it meets (the cache's dtype; for
 :func:`decode_layer` also the memory layout of its query, keys and values: contiguous or strided) on

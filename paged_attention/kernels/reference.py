@@ -12,7 +12,7 @@ the result is cast back to the query's dtype.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -213,7 +213,8 @@ def decode_with_plan(
 #: would, the same kernel and order of sums); longer ones (prompts) the ``prefill`` function, or the
 #: gathered pages and SDPA. Measured on the CPU (SmolLM2's heads, bf16, 16 sequences with contexts
 #: of 100-300, one thread): decode rows against SDPA 3.7x faster at 2 tokens, 1.5x at 4, even at 8;
-#: against the in-place prefill loop 1.35x faster at 2, even at 4, 0.9x at 6.
+#: against the in-place prefill loop 1.35x faster at 2, even at 4, 0.9x at 6. (The count rule, for
+#: callers without the engine's ``decoding`` flags, which choose by what the tokens are instead.)
 DECODE_ROWS_MAX = 6
 
 
@@ -232,6 +233,7 @@ def paged_prefill(
     k_scale: torch.Tensor | float | None = None,
     v_scale: torch.Tensor | float | None = None,
     prefill: PrefillFn | None = None,
+    decoding: Sequence[bool] | None = None,
 ) -> torch.Tensor:
     """Packed new tokens attend causally: the ``j``-th of ``q_len`` new tokens of a sequence with
     ``seq_len`` cached tokens (new ones included) sits at position ``seq_len - q_len + j``.
@@ -246,7 +248,15 @@ def paged_prefill(
     ``prefill(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, seqs, scale,
     k_scale, v_scale, out)`` writes the rows of the sequences ``seqs`` that bring more tokens than
     that, reading the pages in place, or returns ``False`` to leave them to this function (the
-    compiled backend passes its loop nest)."""
+    compiled backend passes its loop nest).
+
+    ``decoding`` (a flag per sequence; the engine's): which sequences bring tokens past their
+    prompt (a decode step's one, and any drafts to verify). Given, it chooses the path instead of
+    the count: those sequences one decode row per token, however many; every other the prefill path,
+    however few. The compiled backend's two loop nests sum in different orders, and each is the
+    same for a row whatever rows share its call: so a prompt's rows get the same bits whether it is
+    prefilled whole, in chunks, or after a prefix-cache hit that leaves one token, and a generated
+    token the same bits whether it is decoded alone or verified as a draft."""
     check_cache(query, key_cache, value_cache, allow_float64=True)
     k_scale, v_scale = check_scales(key_cache, k_scale, v_scale)
     check_tables(block_tables, seq_lens, key_cache, query.device)
@@ -260,7 +270,12 @@ def paged_prefill(
     # positions, its own included (its K/V are stored before attention runs).
     longest = DECODE_ROWS_MAX if decode is not None else 1
     lens = seq_lens.tolist()
-    short = [i for i, n in enumerate(q_lens) if n <= longest]
+    if decoding is None:
+        short = [i for i, n in enumerate(q_lens) if n <= longest]
+    else:
+        if len(decoding) != len(q_lens):
+            raise ValueError(f"decoding must hold a flag per sequence ({len(q_lens)}), got {len(decoding)}")
+        short = [i for i, flag in enumerate(decoding) if flag and q_lens[i]]
     if short:
         rows = [starts[i] + j for i in short for j in range(q_lens[i])]
         owners = [i for i in short for _ in range(q_lens[i])]
@@ -278,7 +293,8 @@ def paged_prefill(
                 query[row_index], key_cache, value_cache, plan, scale, fused=fused, compute=compute,
                 k_scale=k_scale, v_scale=v_scale,
             )  # fmt: skip
-    long = [i for i, n in enumerate(q_lens) if n > longest]
+    taken = set(short)
+    long = [i for i, n in enumerate(q_lens) if n and i not in taken]
     if long and prefill is not None and compute is None:
         args = (block_tables, seq_lens, query_start_loc, long, scale, k_scale, v_scale, out)
         if prefill(query, key_cache, value_cache, *args):

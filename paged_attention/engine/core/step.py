@@ -52,6 +52,13 @@ class ScheduledSequence:
         return [*self.seq.token_slice(self.start, own), *self.drafts]
 
     @property
+    def decoding(self) -> bool:
+        """Whether this step's tokens come after the prompt (a decode step's one and any drafts):
+        attention then takes the decode path for them, as for every generated token, whatever their
+        count (:func:`...kernels.paged_prefill`'s ``decoding``)."""
+        return self.start >= len(self.seq.prompt_token_ids)
+
+    @property
     def logit_positions(self) -> list[int]:
         """The positions whose logits the model runner returns, in order: the prompt ones, then
         the last token's if it samples, and each draft's."""

@@ -64,13 +64,14 @@ class ForwardContext:
     block_tables: torch.Tensor  # int32 [num_seqs, max_blocks]
     seq_lens: torch.Tensor  # int32 [num_seqs], cached tokens after this step
     query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
-    decode_only: bool  # every sequence brings exactly one token
+    decode_only: bool  # every sequence brings exactly one token, past its prompt
     backend: str
     plan: kernels.GatherPlan | None = None  # CPU decode (torch, compiled): built once, used by every layer
     step: kernels.compiled.DecodeStep | None = None  # CPU decode (compiled): caches and plan as NumPy arrays
     invariant: bool = False  # batch-invariant mode: every query length takes the one float64 path
     checked: bool = False  # the step's slot mapping has been checked against the cache (first layer)
     store_map: kernels.StoreMap | None = None  # an int8 cache's: which new tokens go to which block
+    decoding: list[bool] | None = None  # per sequence: its tokens come after its prompt (decode path)
 
 
 _context: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(
@@ -150,7 +151,8 @@ def _attend(
                                    backend=ctx.backend, plan=ctx.plan, **scales)  # fmt: skip
     else:
         out = kernels.paged_prefill(q, key_cache, value_cache, ctx.block_tables, ctx.seq_lens,
-                                    ctx.query_start_loc, scaling, backend=ctx.backend, **scales)  # fmt: skip
+                                    ctx.query_start_loc, scaling, backend=ctx.backend, decoding=ctx.decoding,
+                                    **scales)  # fmt: skip
     return out.unsqueeze(0), None  # [1, tokens, heads, dim], as transformers expects
 
 
@@ -355,9 +357,10 @@ class ModelRunner:
             block_tables=pad_block_ids(block_tables, device=device),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-            decode_only=len(token_ids) == len(scheduled),
+            decode_only=len(token_ids) == len(scheduled) and all(s.decoding for s in scheduled),
             backend=self.step_backend(),
             invariant=self.batch_invariant,
+            decoding=[s.decoding for s in scheduled],
         )
         cache = self.kv_cache
         if cache.per_block_scales:  # int8: one map of new tokens to blocks for every layer's store
