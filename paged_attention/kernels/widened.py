@@ -22,8 +22,8 @@ once: within one rounding of oneDNN's results, not its bits.
 
 Where it is used: the engine's bfloat16 row kernel (:class:`.rows.Streamed`) takes products of at
 least :data:`WIDE_ROWS` rows this way where :func:`needed` (an AVX-512 CPU without either
-instruction); never in batch-invariant mode, whose products keep oneDNN's fixed chunks (the packed
-and merged layers try no row kernel while the mode is on).
+instruction), and in batch-invariant mode every product, whole (:meth:`.rows.Streamed.invariant`:
+its bits are each row's own, the mode's contract, where oneDNN would need fixed chunks).
 """
 
 from __future__ import annotations
