@@ -339,3 +339,27 @@ def test_the_load_generator_reads_streams_and_whole_answers_alike(served) -> Non
     assert all(r.output_tokens == 8 and r.finish_reason == "length" for r in whole)
     assert all(r.metrics is not None for r in streamed) and all(r.metrics is None for r in whole)
     wait_idle(llm, url)
+
+
+FRONT_IMPORTS = """
+import sys
+import paged_attention.cli.serve, paged_attention.serving
+from paged_attention.engine.async_llm import AsyncLLM
+from paged_attention.engine.core_client import MPClient
+client = object.__new__(MPClient)  # a core elsewhere: what the front keeps of it
+client.info = {"tokenizer": None, "sampling_defaults": {}, "max_model_len": 64}
+AsyncLLM(client)
+MODEL_CODE = ("transformers.modeling_utils", "paged_attention.engine.llm_engine")
+print(sorted(m for m in MODEL_CODE if m in sys.modules))
+"""
+
+
+def test_a_servers_front_never_loads_the_model_code() -> None:
+    """The front of a server whose core runs in another process tokenizes and serves HTTP: importing
+    transformers' modeling (~3.5 s here, the larger part of the front's start) is the core's alone."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FRONT_IMPORTS], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == "[]"

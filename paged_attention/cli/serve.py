@@ -20,16 +20,19 @@ import gc
 import json
 import logging
 import os
+from typing import TYPE_CHECKING
 
-from ..baselines.engines import KV_MANAGERS, baseline_engine
+from ..baselines.reservation import POLICIES
 from ..engine.chat import PLAIN_TEMPLATE
-from ..engine.llm_engine import LLMEngine
 from ..kernels.quantization import KV_CACHE_DTYPES
 from ..serving import AsyncLLM, build_app
 from ..serving.authentication import api_keys
 from ..serving.launch import LOCALHOST, run
 from ..serving.tools import PARSERS, TEMPLATES
 from ._threads import set_threads
+
+if TYPE_CHECKING:
+    from ..engine.llm_engine import LLMEngine
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -51,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--kv-manager",
-        choices=KV_MANAGERS,
+        choices=("paged", *POLICIES),  # baselines.engines.KV_MANAGERS (which imports the model code)
         default="paged",
         help="paged (default), or a contiguous baseline in the same KV bytes",
     )
@@ -114,7 +117,11 @@ def parser() -> argparse.ArgumentParser:
 
 def build_engine(opts: argparse.Namespace) -> LLMEngine:
     """The engine a ``serve`` command line asks for (also what ``bench serve --compare-offline``
-    builds to serve the same requests offline)."""
+    builds to serve the same requests offline). Imported here, not at the top: the front of a server
+    whose engine core runs in another process never loads the model code (transformers' modeling,
+    ~3.5 s of a server's start)."""
+    from ..baselines.engines import baseline_engine
+
     model = None if opts.model == "tiny" else opts.model
     return baseline_engine(
         model,

@@ -28,13 +28,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .core_client import EngineDeadError, MPClient, ThreadClient
 from .inputs import Prompt
-from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .params import SamplingParams
+
+if TYPE_CHECKING:  # a front whose core runs in another process never loads the model code
+    from .llm_engine import LLMEngine
 
 T = TypeVar("T")
 
@@ -96,15 +98,18 @@ class AsyncLLM:
     """
 
     def __init__(self, engine: LLMEngine | MPClient, max_waiting: int | None = None) -> None:
-        if not isinstance(engine, (LLMEngine, MPClient)):
-            raise TypeError(f"engine must be an LLMEngine (or an MPClient), got {type(engine).__name__}")
+        if not isinstance(engine, MPClient):
+            from .llm_engine import LLMEngine  # imported here: a front with an MPClient never needs it
+
+            if not isinstance(engine, LLMEngine):
+                raise TypeError(f"engine must be an LLMEngine (or an MPClient), got {type(engine).__name__}")
         if max_waiting is not None and (
             isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1
         ):
             raise ValueError(f"max_waiting must be a positive int or None, got {max_waiting!r}")
-        self.client = ThreadClient(engine) if isinstance(engine, LLMEngine) else engine
+        self.client = engine if isinstance(engine, MPClient) else ThreadClient(engine)
         #: The engine, when it runs on a thread of this process (None when it has its own process).
-        self.engine = engine if isinstance(engine, LLMEngine) else None
+        self.engine = None if isinstance(engine, MPClient) else engine
         self.max_waiting = max_waiting
         info = self.client.info
         self.tokenizer = info["tokenizer"]  # the front's own copy (MPClient: sent by the core)

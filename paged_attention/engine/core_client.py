@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 import zmq.asyncio
@@ -42,9 +42,11 @@ import zmq.asyncio
 from . import engine_core
 from .engine_core import UTILITIES, abort_live, describe, step_once
 from .inputs import Prompt, tokenize
-from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .params import SamplingParams
+
+if TYPE_CHECKING:  # a front whose core runs in another process never loads the model code
+    from .llm_engine import LLMEngine
 
 log = logging.getLogger("paged_attention.serving")
 

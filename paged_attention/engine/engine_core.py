@@ -40,13 +40,15 @@ import os
 import pickle
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .params import SamplingParams
+
+if TYPE_CHECKING:  # a front imports this module without the model code (transformers' modeling: ~3.5 s)
+    from .llm_engine import LLMEngine
 
 log = logging.getLogger("paged_attention.engine_core")
 
