@@ -70,6 +70,7 @@ def test_auto_keeps_float32_checkpoints_and_small_models_without_measuring():
 
 
 def test_auto_without_native_bfloat16_is_float32(monkeypatch):
+    monkeypatch.setattr(cpu_dtype, "_row_kernel", None)  # no engine loops registered either
     monkeypatch.setattr(cpu_dtype, "native_bfloat16", lambda: False)
     monkeypatch.setattr(cpu_dtype, "measure_speedups", _never)
     monkeypatch.setattr(cpu_dtype, "_chosen", {})
@@ -79,11 +80,14 @@ def test_auto_without_native_bfloat16_is_float32(monkeypatch):
 
 def test_the_choice_is_measured_once_and_cached_on_disk(monkeypatch, tmp_path):
     monkeypatch.setenv("PAGED_ATTENTION_CACHE", str(tmp_path))
+    monkeypatch.setattr(
+        cpu_dtype, "_row_kernel", None
+    )  # oneDNN's product, as on a CPU with bfloat16 arithmetic
     monkeypatch.setattr(cpu_dtype, "native_bfloat16", lambda: True)
     monkeypatch.setattr(cpu_dtype, "_chosen", {})
     calls = []
 
-    def measure(hidden, inter):
+    def measure(hidden, inter, kernel=None):
         calls.append((hidden, inter))
         return {1: 0.5, 16: 0.6}  # a slow bfloat16
 
@@ -99,6 +103,50 @@ def test_the_choice_is_measured_once_and_cached_on_disk(monkeypatch, tmp_path):
     (tmp_path / "cpu-dtype.json").write_text("{not json")  # a damaged file is measured again
     monkeypatch.setattr(cpu_dtype, "_chosen", {})
     assert choose_cpu_dtype(SMOLLM2_LIKE).dtype == torch.float32 and len(calls) == 2
+
+
+class Loops:
+    """A stand-in for the engine's bfloat16 loops: counts the rows it multiplies."""
+
+    def __init__(self, wide: bool) -> None:
+        self.wide, self.rows = wide, []
+
+    def prepare(self, weight, bias, product):
+        return weight
+
+    def __call__(self, x, prepared, bias):
+        self.rows.append(x.shape[0])
+        return F.linear(x.float(), prepared.float()).to(x.dtype)
+
+
+def test_without_bfloat16_arithmetic_auto_times_the_loops_the_engine_registered(monkeypatch, tmp_path):
+    """Where oneDNN would emulate bfloat16 the engine multiplies it in its own loops and registers
+    them: the probe times the products through them (a packed layer trying them first) and decides
+    by that, cached under its own key; loops that take few rows only leave the CPU in float32."""
+    monkeypatch.setenv("PAGED_ATTENTION_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_dtype, "native_bfloat16", lambda: False)
+    monkeypatch.setattr(cpu_dtype, "_chosen", {})
+    loops = Loops(wide=True)
+    speedups = cpu_dtype.measure_speedups(64, 128, kernel=loops)
+    assert set(speedups) == {1, 16} and set(loops.rows) == {1, 16}
+    monkeypatch.setattr(cpu_dtype, "_row_kernel", lambda: loops)
+    seen = []
+    monkeypatch.setattr(
+        cpu_dtype, "measure_speedups", lambda h, i, kernel: seen.append(kernel) or {1: 2.5, 16: 1.5}
+    )
+    choice = choose_cpu_dtype(SMOLLM2_LIKE)
+    assert (
+        choice.dtype == torch.bfloat16
+        and choice.reason.endswith("through the engine's loops")
+        and seen == [loops]
+    )
+    (key,) = json.loads((tmp_path / "cpu-dtype.json").read_text())
+    assert "|Loops|" in key  # not the key of oneDNN's product on the same machine
+    monkeypatch.setattr(cpu_dtype, "_row_kernel", lambda: Loops(wide=False))
+    monkeypatch.setattr(cpu_dtype, "_chosen", {})
+    assert choose_cpu_dtype(SMOLLM2_LIKE).reason == "this CPU reports no native bfloat16 arithmetic"
+    with pytest.raises(TypeError, match="factory must be callable"):
+        cpu_dtype.multiply_bfloat16_with(Loops(wide=True).wide)
 
 
 @pytest.mark.skipif(not cpu_dtype.native_bfloat16(), reason="this CPU has no native bfloat16")
@@ -199,10 +247,11 @@ def test_configs_without_a_dtype_and_float16_checkpoints():
 
 def test_a_close_call_is_measured_three_times_and_not_stored(monkeypatch, tmp_path):
     monkeypatch.setenv("PAGED_ATTENTION_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_dtype, "_row_kernel", None)
     monkeypatch.setattr(cpu_dtype, "native_bfloat16", lambda: True)
     monkeypatch.setattr(cpu_dtype, "_chosen", {})
     runs = iter([{1: 1.05, 16: 3.0}, {1: 1.30, 16: 3.1}, {1: 1.12, 16: 2.9}])
-    monkeypatch.setattr(cpu_dtype, "measure_speedups", lambda h, i: next(runs))
+    monkeypatch.setattr(cpu_dtype, "measure_speedups", lambda h, i, kernel=None: next(runs))
     choice = choose_cpu_dtype(SMOLLM2_LIKE)
     assert choice.speedups == {1: 1.12, 16: 3.0} and choice.dtype == torch.bfloat16  # the medians
     assert not (tmp_path / "cpu-dtype.json").exists()  # the next process measures again

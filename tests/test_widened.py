@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from paged_attention import LLM, SamplingParams
 from paged_attention.kernels import compiled, rows, widened
-from paged_attention.models import invariant, packed_linear
+from paged_attention.models import cpu_dtype, invariant, packed_linear
 
 needs_numba = pytest.mark.skipif(not compiled.available(), reason="Numba unavailable")
 
@@ -178,6 +178,23 @@ def test_an_engine_widens_its_prompts_where_asked_and_keeps_its_tokens(monkeypat
     calls.clear()
     LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4, batch_invariant=True).generate(prompt, params)
     assert not calls  # a CPU with bfloat16 arithmetic: oneDNN's fixed chunks
+
+
+@needs_numba
+def test_every_backend_multiplies_bfloat16_through_the_loops_where_onednn_emulates_it(monkeypatch) -> None:
+    """On a CPU without bfloat16 arithmetic (pretended here) the loops are what ``dtype="auto"``
+    times (the engine registers them with its probe), so a bfloat16 engine takes them whatever its
+    attention backend; on a CPU with bfloat16 arithmetic the gathered backend keeps oneDNN's."""
+    calls = count_widened(monkeypatch)
+    prompt = [{"prompt_token_ids": list(range(5, 5 + 4 * rows.LINEAR_ROWS))}]
+    params = SamplingParams(temperature=0, max_tokens=2)
+    for wide in (True, False):
+        monkeypatch.setattr(widened, "needed", lambda w=wide: w)
+        assert isinstance(cpu_dtype.engine_row_kernel(), rows.Streamed) is wide
+        calls.clear()
+        llm = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4, attention_backend="torch")
+        llm.generate(prompt, params, use_tqdm=False)
+        assert bool(calls) is wide and all(n > rows.LINEAR_ROWS for n in calls)
 
 
 @needs_numba

@@ -19,6 +19,16 @@ stay easy: the embedded tiny model, 10 MB, is one). A float16 checkpoint is serv
 well where that is faster (3 fewer mantissa bits, a wider range; a CPU rarely computes float16
 natively), as vLLM's CPU backend does.
 
+On an AVX-512 CPU without bfloat16 arithmetic (Ice Lake, Cascade Lake) the engine does not use
+oneDNN's emulated product: it multiplies bfloat16 in its own loops, which widen each weight in
+registers (:mod:`..kernels.widened`; measured on an Ice Lake Xeon, one thread, SmolLM2's MLP product:
+2.5-3.0x float32's speed at one row, 1.56x at 16, 0.92x at 64). The engine registers that kernel
+here (:func:`multiply_bfloat16_with`); the probe then times the products through it, in a packed
+layer as the engine runs them, and such a CPU is measured rather than kept in float32. vLLM 0.32
+keeps a bfloat16 checkpoint in bfloat16 on any x86 CPU (``vllm/platforms/cpu.py``:
+``supported_dtypes``; ``vllm/config/model.py``: ``_resolve_auto_dtype``); this package does where
+it measures it faster.
+
 The decision is cached, in this process and on disk (``cpu-dtype.json`` in the package's cache
 folder, :mod:`.machine_cache`; delete it to measure again), under this processor's name and flags,
 torch's version, the thread count, the shapes, the probe's version and ``ONEDNN_MAX_CPU_ISA`` (which
@@ -38,7 +48,7 @@ import torch.nn.functional as F
 
 from . import machine_cache
 from .machine_cache import machine_key
-from .packed_linear import pack_weight, packed_product, packing_available
+from .packed_linear import PackedLinear, RowKernel, pack_weight, packed_product, packing_available
 
 MARGIN = 1.1  #: bfloat16 must be this many times faster than float32 at every probed row count
 PROBE_ROWS = (1, 16)  #: one sequence decoding, and a typical continuous batch
@@ -47,6 +57,26 @@ PROBE_VERSION = 1  #: part of the cache key: a change to the probe measures agai
 SMALL_MODEL_BYTES = 64 << 20  #: float32 weights up to this size stay float32 under ``auto``
 CACHE_NAME = "cpu-dtype"  #: the file of :mod:`.machine_cache` the choices are kept in
 Measure = Callable[[int, int], dict[int, float]]
+
+#: What the engine registered (:func:`multiply_bfloat16_with`): makes the row kernel its linear
+#: layers multiply bfloat16 products of many rows with on this CPU, or returns ``None`` (oneDNN).
+_row_kernel: Callable[[], RowKernel | None] | None = None
+
+
+def multiply_bfloat16_with(factory: Callable[[], RowKernel | None] | None) -> None:
+    """Register what makes the row kernel the engine multiplies bfloat16 with on this CPU (``None``
+    from it: oneDNN's packed product; ``None`` here: forget it). The engine does so when imported."""
+    global _row_kernel
+    if factory is not None and not callable(factory):
+        raise TypeError(f"factory must be callable or None, got {type(factory).__name__}")
+    _row_kernel = factory
+
+
+def engine_row_kernel() -> RowKernel | None:
+    """The registered row kernel, if it takes products of many rows on this CPU (its ``wide``), else
+    ``None``: what the probe times bfloat16 through."""
+    kernel = _row_kernel() if _row_kernel is not None else None
+    return kernel if kernel is not None and getattr(kernel, "wide", False) else None
 
 
 @dataclass(frozen=True)
@@ -85,26 +115,27 @@ def choose_cpu_dtype(config: object, measure: Measure | None = None) -> CpuDtype
     size = float32_weight_bytes(config)
     if size <= SMALL_MODEL_BYTES:
         return CpuDtypeChoice(torch.float32, f"a small model ({size / 2**20:.0f} MB in float32) stays in it")
-    if measure is None and not native_bfloat16():
+    kernel = engine_row_kernel() if measure is None else None
+    if measure is None and kernel is None and not native_bfloat16():
         return CpuDtypeChoice(torch.float32, "this CPU reports no native bfloat16 arithmetic")
     hidden, intermediate = _shapes(config)
     if measure is not None:
         return _decide(measure(hidden, intermediate))
-    key = _key(hidden, intermediate)
+    key = _key(hidden, intermediate, type(kernel).__name__ if kernel is not None else "packed")
     if key not in _chosen:
         speedups = _load(key)
         if speedups is None:
-            speedups = measure_speedups(hidden, intermediate)
+            speedups = measure_speedups(hidden, intermediate, kernel=kernel)
             if _close(speedups):  # near the margin: the median of three measurements decides
                 runs = [
                     speedups,
-                    measure_speedups(hidden, intermediate),
-                    measure_speedups(hidden, intermediate),
+                    measure_speedups(hidden, intermediate, kernel=kernel),
+                    measure_speedups(hidden, intermediate, kernel=kernel),
                 ]
                 speedups = {r: sorted(run[r] for run in runs)[1] for r in speedups}
             if not _close(speedups):
                 _store(key, speedups)
-        _chosen[key] = _decide(speedups)
+        _chosen[key] = _decide(speedups, "the engine's loops" if kernel is not None else "")
     return _chosen[key]
 
 
@@ -112,36 +143,49 @@ def _close(speedups: dict[int, float]) -> bool:
     return any(MARGIN / 1.25 <= s <= MARGIN * 1.25 for s in speedups.values())
 
 
-def _decide(speedups: dict[int, float]) -> CpuDtypeChoice:
+def _decide(speedups: dict[int, float], through: str = "") -> CpuDtypeChoice:
     threads = torch.get_num_threads()
     shown = " and ".join(f"{s:.2f}x at {r} row{'s' * (r != 1)}" for r, s in sorted(speedups.items()))
     measured = f"{shown}, {threads} thread{'s' * (threads != 1)}"
+    measured += f", through {through}" if through else ""
     if min(speedups.values()) >= MARGIN:
         return CpuDtypeChoice(torch.bfloat16, f"its bfloat16 matmul is faster here: {measured}", speedups)
     reason = f"its bfloat16 matmul is not {MARGIN}x as fast here: {measured}"
     return CpuDtypeChoice(torch.float32, reason, speedups)
 
 
-def measure_speedups(hidden: int, intermediate: int, rows: tuple[int, ...] = PROBE_ROWS) -> dict[int, float]:
+def measure_speedups(
+    hidden: int, intermediate: int, rows: tuple[int, ...] = PROBE_ROWS, kernel: RowKernel | None = None
+) -> dict[int, float]:
     """``{rows: float32 time / bfloat16 time}`` of ``x[rows, hidden] @ W[hidden, intermediate]`` over
-    enough distinct weights to stream :data:`PROBE_BYTES` (best of 3 passes each; ~0.1 s)."""
+    enough distinct weights to stream :data:`PROBE_BYTES` (best of 3 passes each; ~0.1 s); bfloat16
+    through ``kernel`` where given (packed layers that try it first, as the engine's do)."""
     count = max(1, min(16, PROBE_BYTES // (4 * hidden * intermediate)))
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(intermediate, hidden, generator=gen) * 0.02 for _ in range(count)]
     halves = [w.to(torch.bfloat16) for w in weights]
-    packed = [pack_weight(w) for w in halves] if packing_available() else None
+    packed = [pack_weight(w) for w in halves] if packing_available() and kernel is None else None
+    layers = [_layer(w, kernel) for w in halves] if kernel is not None else None
     speedups = {}
     with torch.inference_mode():
         for n in rows:
             x = torch.randn(n, hidden, generator=gen)
             half = x.to(torch.bfloat16)
             full_time = _best_of(3, lambda: [F.linear(x, w) for w in weights])  # noqa: B023
-            if packed is not None:
+            if layers is not None:
+                half_time = _best_of(3, lambda: [layer(half) for layer in layers])  # noqa: B023
+            elif packed is not None:
                 half_time = _best_of(3, lambda: [packed_product(half, p, None) for p in packed])  # noqa: B023
             else:
                 half_time = _best_of(3, lambda: [F.linear(half, w) for w in halves])  # noqa: B023
             speedups[n] = full_time / half_time
     return speedups
+
+
+def _layer(weight: torch.Tensor, kernel: RowKernel) -> PackedLinear:
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
+    linear.weight = torch.nn.Parameter(weight, requires_grad=False)
+    return PackedLinear(linear, rows=kernel)
 
 
 def _best_of(repeats: int, run: Callable[[], object]) -> float:
@@ -184,8 +228,9 @@ def _shapes(config: object) -> tuple[int, int]:
     return hidden, int(getattr(text, "intermediate_size", 0) or 4 * hidden)
 
 
-def _key(hidden: int, intermediate: int) -> str:
-    return machine_key(f"{hidden}x{intermediate}", f"probe {PROBE_VERSION}")
+def _key(hidden: int, intermediate: int, through: str = "packed") -> str:
+    parts = (f"{hidden}x{intermediate}", f"probe {PROBE_VERSION}")
+    return machine_key(*parts) if through == "packed" else machine_key(*parts, through)
 
 
 def _load(key: str) -> dict[int, float] | None:

@@ -39,7 +39,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ... import kernels
-from ...kernels import reference, widened
+from ...kernels import reference
 from ...kernels.layout import pad_block_ids
 from ...kernels.rows import Streamed, replace_norms
 from ...kernels.tiled import Tiled
@@ -49,7 +49,7 @@ from ...models.merged_projections import merge_projections
 from ...models.packed_linear import pack_linear_layers
 from ..core.scheduler import ScheduledSequence
 from .kv_cache import KVCache
-from .tuning import tune
+from .tuning import bfloat16_row_kernel, tune
 
 ATTENTION_NAME = "paged_attention"
 COMPILED_NAME = "paged_attention_compiled"  # a compiled engine's (:func:`compiled_attention_forward`)
@@ -258,15 +258,16 @@ class ModelRunner:
         #: (:mod:`..kernels.rows`), float32 ones from a tiled copy, in oneDNN's order of sums
         #: (:mod:`..kernels.tiled`), for the row counts where this machine measures them faster
         #: (:mod:`.tuning`); on a CPU without bfloat16 arithmetic, bfloat16 products of many rows
-        #: four rows at a time, the weights widened to float32 in registers (:mod:`..kernels.widened`).
+        #: four rows at a time, the weights widened to float32 in registers (:mod:`..kernels.widened`),
+        #: and there every bfloat16 product takes the loops, whatever the backend.
         #: A compiled model's graph calls each of these layers as one opaque operation
         #: (:mod:`..models.opaque`): they choose at run time.
         on_cpu = self.device.type == "cpu"
         bf16 = next(model.parameters()).dtype == torch.bfloat16
         fast = self.backend == "compiled" and not self.batch_invariant
         few = (Streamed() if bf16 else Tiled()) if fast else None
-        if self.backend == "compiled" and self.batch_invariant and bf16 and on_cpu and widened.needed():
-            few = Streamed()  # its invariant product: the mode's, unchunked (:mod:`..models.invariant`)
+        if few is None and bf16 and on_cpu:  # the loops on a CPU without bfloat16 arithmetic, in any
+            few = bfloat16_row_kernel()  # backend and mode (in the mode: their invariant product, whole)
         self.num_merged_groups = merge_projections(model, few) if on_cpu else 0
         self.num_packed_layers = pack_linear_layers(model, rows=few) if on_cpu else 0
         #: This machine's measured choices (``None``: not the compiled CPU backend)

@@ -41,7 +41,9 @@ from dataclasses import dataclass
 import torch
 
 from ... import kernels
-from ...models import machine_cache
+from ...kernels import widened
+from ...kernels.rows import Streamed
+from ...models import cpu_dtype, machine_cache
 from ...models.merged_projections import MergedProduct, product_owners
 from ...models.packed_linear import PACKED_DTYPES, PackedLinear, RowKernel
 
@@ -50,6 +52,18 @@ CLOSE = 1.15  #: a ratio within this factor of the margin is measured again
 VERSION = 4  #: part of the cache key: a change to the probes or the kernels measures again
 CACHE_NAME = "tuning"
 SMALL_MODEL_BYTES = 64 << 20  #: weights up to this size are not measured (as in ``models.cpu_dtype``)
+
+
+def bfloat16_row_kernel() -> Streamed | None:
+    """The loops every bfloat16 product takes on a CPU without bfloat16 arithmetic, whatever the
+    attention backend (oneDNN emulates it there: on an Ice Lake Xeon SmolLM2's MLP product ran 0.6x
+    float32's speed at 16 rows, the loops 1.56x); ``None`` elsewhere, or without Numba. Registered
+    with ``dtype="auto"``'s probe (:func:`...models.cpu_dtype.multiply_bfloat16_with`), which then
+    times them."""
+    return Streamed() if widened.needed() and kernels.compiled.available() else None
+
+
+cpu_dtype.multiply_bfloat16_with(bfloat16_row_kernel)
 
 
 @dataclass(frozen=True)
