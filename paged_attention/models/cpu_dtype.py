@@ -76,7 +76,7 @@ def engine_row_kernel() -> RowKernel | None:
     """The registered row kernel, if it takes products of many rows on this CPU (its ``wide``), else
     ``None``: what the probe times bfloat16 through."""
     kernel = _row_kernel() if _row_kernel is not None else None
-    return kernel if kernel is not None and getattr(kernel, "wide", False) else None
+    return kernel if getattr(kernel, "wide", False) else None
 
 
 @dataclass(frozen=True)

@@ -343,6 +343,7 @@ class ModelRunner:
         seq_lens: list[int] = []
         starts = [0]
         last_rows: list[int] = []
+        decoding = [s.decoding for s in scheduled]  # past its prompt: attention's decode path
         for s in scheduled:
             first = s.start
             token_ids += s.token_ids
@@ -358,10 +359,10 @@ class ModelRunner:
             block_tables=pad_block_ids(block_tables, device=device),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-            decode_only=len(token_ids) == len(scheduled) and all(s.decoding for s in scheduled),
+            decode_only=len(token_ids) == len(scheduled) and all(decoding),
             backend=self.step_backend(),
             invariant=self.batch_invariant,
-            decoding=[s.decoding for s in scheduled],
+            decoding=decoding,
         )
         cache = self.kv_cache
         if cache.per_block_scales:  # int8: one map of new tokens to blocks for every layer's store
