@@ -21,10 +21,11 @@ needs_numba = pytest.mark.skipif(not compiled.available(), reason="Numba unavail
 needs_packing = pytest.mark.skipif(not packed_linear.packing_available(), reason="oneDNN cannot pack here")
 
 
-def measured_as(monkeypatch, ratios: dict[int, float]) -> list:
-    """Make every measurement report ``ratios`` (oneDNN's time over the row kernel's, by rows), in a
-    cache of the test's own, for any model size (the embedded model is below the size that is
-    measured); returns the row counts measured."""
+def measured_as(monkeypatch, ratios: dict[int, float], gemv: float = 0.5) -> list:
+    """Make every measurement report ``ratios`` (oneDNN's time over the row kernel's, by rows) and,
+    at one float32 row, ``gemv`` (oneDNN's time over ``F.linear``'s), in a cache of the test's own,
+    for any model size (the embedded model is below the size that is measured); returns the row
+    counts measured ("gemv" for the one-row probe through ``F.linear``)."""
     monkeypatch.setattr(tuning, "SMALL_MODEL_BYTES", 0)
     stored: dict[str, object] = {}
     monkeypatch.setattr(machine_cache, "load", lambda name, key: stored.get(key))
@@ -33,6 +34,7 @@ def measured_as(monkeypatch, ratios: dict[int, float]) -> list:
     monkeypatch.setattr(
         tuning, "measure_rows", lambda owners, r, dtype: calls.append(r) or (1.0, ratios.get(r, 0.5))
     )
+    monkeypatch.setattr(tuning, "measure_gemv", lambda owners: calls.append("gemv") or (1.0, gemv))
     return calls
 
 
@@ -40,6 +42,14 @@ def test_the_row_kernel_keeps_the_row_counts_from_one_up_where_it_wins_by_the_ma
     assert tuning.decide({1: (1.0, 1.5), 2: (1.0, 1.2), 3: (1.0, 1.01), 4: (1.0, 2.0)}).rows == 2
     assert tuning.decide({1: (1.0, 1.0), 2: (1.0, 3.0)}).rows == 0  # not faster at one row: none
     assert tuning.decide({}) == tuning.Tuning(0, {})
+
+
+def test_one_float32_row_takes_f_linear_where_it_beats_both_others_by_the_margin() -> None:
+    assert tuning.decide({1: (1.0, 0.9)}, (0.5, 0.9)).gemv  # the kernel lost; F.linear beats oneDNN
+    assert not tuning.decide({1: (1.0, 1.5)}, (1.0, 1.5)).gemv  # no faster than the kernel it would replace
+    assert tuning.decide({1: (1.0, 1.5)}, (0.9, 1.5)) == tuning.Tuning(1, {1: (1.0, 1.5)}, True, (0.9, 1.5))
+    assert not tuning.decide({}, (1.0, 1.02)).gemv  # within the margin of oneDNN
+    assert not tuning.decide({1: (1.0, 2.0)}).gemv  # not measured (bfloat16)
 
 
 @needs_numba
@@ -58,13 +68,55 @@ def test_an_engine_measures_once_applies_the_choice_and_writes_the_same_tokens(m
     prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 9, 20)]
     params = SamplingParams(temperature=0, max_tokens=8)
     answers = []
-    for ratios in ({1: 2.0, 2: 2.0}, {1: 0.5}):
-        measured_as(monkeypatch, ratios)
+    for ratios, gemv in (({1: 2.0, 2: 2.0}, 0.5), ({1: 0.5}, 0.5), ({1: 0.5}, 2.0)):
+        measured_as(monkeypatch, ratios, gemv)
         llm = LLM(dtype="float32", num_kv_blocks=32, block_size=4)
-        answers.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
-        if llm.llm_engine.runner.tuning.rows == 0:  # oneDNN throughout: no copies kept
-            assert all(o.rows is None and o.prepared is None for o in product_owners(llm.llm_engine.model))
-    assert answers[0] == answers[1]
+        batched = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+        assert alone == batched  # (alone: steps of one row, which F.linear takes where chosen)
+        answers.append(batched)
+        owners = product_owners(llm.llm_engine.model)
+        assert all(o.gemv == (gemv > 1) for o in owners) and llm.llm_engine.runner.tuning.gemv == (gemv > 1)
+        if llm.llm_engine.runner.tuning.rows == 0:  # oneDNN (and F.linear) throughout: no copies kept
+            assert all(o.rows is None and o.prepared is None for o in owners)
+    assert answers[0] == answers[1] == answers[2]
+
+
+@needs_packing
+def test_a_layer_given_gemv_multiplies_one_float32_row_with_f_linear_and_more_with_onednn() -> None:
+    """Bit for bit: one row is ``F.linear``'s (transformers' own product), two rows the packed
+    product's; a bfloat16 row, a row with autograd on or in the batch-invariant mode, is not taken."""
+    import torch.nn.functional as F
+
+    from paged_attention.models import invariant
+
+    llm = LLM(dtype="float32", num_kv_blocks=16)
+    owners = product_owners(llm.llm_engine.model)
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for owner in owners:
+            owner.gemv, owner.rows, owner.prepared = True, None, None
+            one, two = (torch.randn(n, owner.weight.shape[1], generator=generator) for n in (1, 2))
+            assert torch.equal(owner.product(one), F.linear(one, owner.weight, owner.bias))
+            assert torch.equal(
+                owner.product(two), packed_linear.packed_product(two, owner.packed, owner.bias)
+            )
+        row = torch.randn(1, owners[0].weight.shape[1])
+        assert packed_linear.one_row(row.bfloat16(), owners[0].weight.bfloat16(), None) is None
+        with invariant.batch_invariant(4):
+            assert packed_linear.one_row(row, owners[0].weight, None) is None
+    with torch.enable_grad():
+        assert packed_linear.one_row(row, owners[0].weight, None) is None
+
+
+@needs_packing
+def test_the_real_gemv_probe_times_both_paths_and_restores_the_layers() -> None:
+    llm = LLM(dtype="float32", num_kv_blocks=16)
+    owners = product_owners(llm.llm_engine.runner.model)
+    kept = [(o.gemv, o.prepared) for o in owners]
+    gemv_s, onednn_s = tuning.measure_gemv(owners, repeats=1)
+    assert gemv_s > 0 and onednn_s > 0
+    assert [(o.gemv, o.prepared) for o in owners] == kept
 
 
 @needs_numba
@@ -125,11 +177,13 @@ def test_a_small_model_is_not_measured_and_keeps_its_kernels(monkeypatch) -> Non
 def test_stored_measurements_read_back_as_measured_and_damaged_ones_as_none() -> None:
     import json
 
-    measured = {"rows": {1: (0.5, 1.0), 2: (0.7, 0.6)}}
-    back = tuning._parse(json.loads(json.dumps(measured)))  # keys become strings, pairs lists
-    assert back == {1: (0.5, 1.0), 2: (0.7, 0.6)}
-    assert tuning.decide(back) == tuning.Tuning(1, back)
-    damaged = [None, {}, {"rows": []}, {"rows": {"x": [1, 2]}}, {"rows": {"1": [1]}}]
+    measured = {"rows": {1: (0.5, 1.0), 2: (0.7, 0.6)}, "gemv": (0.4, 1.0)}
+    rows, gemv = tuning._parse(json.loads(json.dumps(measured)))  # keys become strings, pairs lists
+    assert rows == {1: (0.5, 1.0), 2: (0.7, 0.6)} and gemv == (0.4, 1.0)
+    assert tuning.decide(rows, gemv) == tuning.Tuning(1, rows, True, gemv)
+    assert tuning._parse({"rows": {}, "gemv": None}) == ({}, None)  # bfloat16: no one-row probe
+    damaged = [None, {}, {"rows": []}, {"rows": {"x": [1, 2]}}, {"rows": {"1": [1]}}, {"rows": {}}]
+    damaged += [{"rows": {}, "gemv": [1]}, {"rows": {}, "gemv": "x"}]
     assert all(tuning._parse(entry) is None for entry in damaged)
 
 

@@ -7,7 +7,9 @@ is read once and used once, so the step is bound by reading them. oneDNN's packe
 three both read ~16.5 GB/s, and from four rows on oneDNN is faster (the products become
 compute-bound and it keeps its sums in registers), so :func:`tiled_product` takes at most
 :data:`ROWS` rows. On a 2-core Xeon with AMX oneDNN was the faster at one row too (~12 GB/s against
-~10): the engine measures which is faster on its machine (``engine.worker.tuning``).
+~10), and on an Ice Lake Xeon MKL's matrix-vector product (``F.linear``) beat both at one row
+(12.3-13.1 GB/s, oneDNN 9.7-10.5, the tiles 8.4-9.2): the engine measures which is faster on its
+machine (``engine.worker.tuning``).
 
 The order of the sums is oneDNN's, so a row's result is the one the packed product gives it in a
 step of many rows, bit for bit. Measured on torch 2.13's oneDNN (``tests/test_tiled.py`` keeps it

@@ -35,6 +35,7 @@ from .packed_linear import (
     PACKED_DTYPES,
     PackedLinear,
     RowKernel,
+    one_row,
     pack_weight,
     packed_product,
     packing_available,
@@ -54,6 +55,7 @@ class MergedProduct:
     def __init__(self, layers: list[torch.nn.Linear], rows: RowKernel | None = None) -> None:
         self.layers = layers
         self.rows = rows  # tried first on every product it applies to (None: always the packed product)
+        self.gemv = False  # one float32 row through F.linear (packed_linear.one_row), before the row kernel
         self.sizes = [layer.out_features for layer in layers]
         self.pack = False
         self.weight = self.bias = self.packed = None  # type: torch.Tensor | None
@@ -103,6 +105,8 @@ class MergedProduct:
         return None if whole is None or self.prepared is None else whole(x, self.prepared, self.bias)
 
     def _multiply(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gemv and (out := one_row(x, self.weight, self.bias)) is not None:
+            return out
         if self.prepared is not None and invariant.active_rows() is None:  # (autograd never gets here)
             out = self.rows(x, self.prepared, self.bias)
             if out is not None:
@@ -247,7 +251,8 @@ def _agrees(linears: list[torch.nn.Linear]) -> bool:
 def product_owners(model: torch.nn.Module) -> list[PackedLinear | MergedProduct]:
     """What multiplies in ``model``, each once, as the engine calls it: every packed layer and every
     merged group (not its members); each has ``product(x)``, ``weight`` (``[out, in]``), ``rows`` (its
-    row kernel) and ``prepared`` (what that kernel keeps, ``None``: none)."""
+    row kernel), ``prepared`` (what that kernel keeps, ``None``: none) and ``gemv`` (one float32 row
+    through ``F.linear``: :func:`.packed_linear.one_row`)."""
     owners: dict[int, PackedLinear | MergedProduct] = {}
     for module in model.modules():
         if isinstance(module, MergedMember) and module.group is not None:

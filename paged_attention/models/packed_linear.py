@@ -17,7 +17,11 @@ few ulps apart, checked when packing) and is faster from a few rows on: on this 
 AMD EPYC, 105-111 instead of 82-100 GFLOP/s for SmolLM2's layers at 64-2,048 rows, and 102 instead
 of 59 for its output layer at 64 rows; the 64-request peer workload went from 117 to 136 tokens/s.
 Greedy tokens stay transformers' (the tests compare them) and vLLM's, which packs float32 for
-oneDNN too (the cross-check compares them).
+oneDNN too (the cross-check compares them). One row is the exception where the machine says so: a
+layer whose ``gemv`` is set (by the engine's tuning, where it measured faster) multiplies a single
+float32 row with ``F.linear`` on the original weight, MKL's matrix-vector product, which read
+SmolLM2's weights at 12.3-13.1 GB/s against oneDNN's 9.7-10.5 on an Ice Lake Xeon (one thread);
+from two rows on oneDNN is the faster there. Those are transformers' own bits for that row.
 
 Invariants: the module keeps the original ``weight`` parameter (tied weights stay tied, the state
 dict is unchanged) beside the packed copy, so packing costs one more copy of the weights in memory;
@@ -98,6 +102,17 @@ def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+def one_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``F.linear(x, weight, bias)`` for a single float32 row (torch's own product: MKL's
+    matrix-vector product in x86 builds), or ``None``: more rows, another dtype, autograd on, or the
+    batch-invariant mode on (its chunks are oneDNN's)."""
+    if x.numel() != x.shape[-1] or x.dtype != torch.float32 or weight.dtype != torch.float32:
+        return None
+    if torch.is_grad_enabled() or invariant.active_rows() is not None:
+        return None
+    return F.linear(x, weight, bias)
+
+
 #: The profiler range around each product of a packed layer or merged group, while a profile is
 #: taken (a row kernel's loop is no PyTorch operation: without it a profile would not see it).
 PRODUCT_RANGE = "paged_attention::product"
@@ -121,6 +136,7 @@ class PackedLinear(torch.nn.Linear):
         self.weight = linear.weight  # the same Parameter: ties and the state dict are unchanged
         self.bias = linear.bias
         self.rows = rows  # tried first on every product it applies to (None: always the packed product)
+        self.gemv = False  # one float32 row through F.linear (:func:`one_row`), before the row kernel
         self._repack()
         self.handle = opaque.register(self)  # what a compiled graph calls (see .opaque)
 
@@ -160,6 +176,8 @@ class PackedLinear(torch.nn.Linear):
         return whole(x, self.prepared, self.bias)
 
     def _multiply(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gemv and (out := one_row(x, self.weight, self.bias)) is not None:
+            return out
         kept = self.prepared is not None and self._state() == self.packed_state  # (state: only if kept)
         if kept and (out := self._rows(x)) is not None:
             return out

@@ -257,9 +257,10 @@ class ModelRunner:
         #: one sequence is bound by reading them): bfloat16 ones straight from the weights
         #: (:mod:`..kernels.rows`), float32 ones from a tiled copy, in oneDNN's order of sums
         #: (:mod:`..kernels.tiled`), for the row counts where this machine measures them faster
-        #: (:mod:`.tuning`); on a CPU without bfloat16 arithmetic, bfloat16 products of many rows
-        #: four rows at a time, the weights widened to float32 in registers (:mod:`..kernels.widened`),
-        #: and there every bfloat16 product takes the loops, whatever the backend.
+        #: (:mod:`.tuning`; one float32 row may take MKL's ``F.linear`` instead); on a CPU without
+        #: bfloat16 arithmetic, bfloat16 products of many rows four rows at a time, the weights
+        #: widened to float32 in registers (:mod:`..kernels.widened`), and there every bfloat16
+        #: product takes the loops, whatever the backend.
         #: A compiled model's graph calls each of these layers as one opaque operation
         #: (:mod:`..models.opaque`): they choose at run time.
         on_cpu = self.device.type == "cpu"

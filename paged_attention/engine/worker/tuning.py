@@ -13,6 +13,11 @@ model with the row kernel and with oneDNN; the row kernel keeps the counts where
 :data:`MARGIN` times faster (``rows``; 0: none, and its prepared copies are dropped, unless the
 kernel also widens products of many rows, :mod:`..kernels.widened`: then it keeps them for that,
 and takes every product of more than :data:`..kernels.rows.LINEAR_ROWS` rows whatever was chosen).
+A float32 model is also timed at one row through torch's own ``F.linear`` (MKL's matrix-vector
+product, :func:`...models.packed_linear.one_row`), against oneDNN in alternation: where it is at
+least :data:`MARGIN` times faster than both others, every layer takes it for one row (``gemv``). On
+an Ice Lake Xeon it read SmolLM2's weights at 12.3-13.1 GB/s, oneDNN at 9.7-10.5 and the tiles at
+8.4-9.2 (one thread; a decode step of one sequence went from ~67-77 to ~55-63 ms).
 
 Prompts are not a measured choice. torch's SDPA over the gathered pages was once 2.9x faster than
 the in-place loop on that Xeon in bfloat16 (today's AMX loop takes 0.67-0.77x of SDPA's time,
@@ -49,7 +54,7 @@ from ...models.packed_linear import PACKED_DTYPES, PackedLinear, RowKernel
 
 MARGIN = 1.05  #: a row kernel is kept for a row count where it is at least this many times faster
 CLOSE = 1.15  #: a ratio within this factor of the margin is measured again
-VERSION = 4  #: part of the cache key: a change to the probes or the kernels measures again
+VERSION = 5  #: part of the cache key: a change to the probes or the kernels measures again
 CACHE_NAME = "tuning"
 SMALL_MODEL_BYTES = 64 << 20  #: weights up to this size are not measured (as in ``models.cpu_dtype``)
 
@@ -68,11 +73,14 @@ cpu_dtype.multiply_bfloat16_with(bfloat16_row_kernel)
 
 @dataclass(frozen=True)
 class Tuning:
-    """The choice (``rows``: the most rows the row kernel takes, 0 none) and what it rests on:
-    ``rows_seconds[r] = (row kernel, oneDNN)``, seconds of one pass (empty where nothing was measured)."""
+    """The choice (``rows``: the most rows the row kernel takes, 0 none; ``gemv``: one float32 row
+    through ``F.linear``) and what it rests on: ``rows_seconds[r] = (row kernel, oneDNN)`` and
+    ``gemv_seconds = (F.linear, oneDNN)``, seconds of one pass (empty, ``None``: not measured)."""
 
     rows: int
     rows_seconds: dict[int, tuple[float, float]]
+    gemv: bool = False
+    gemv_seconds: tuple[float, float] | None = None
 
 
 def tune(model: torch.nn.Module, kernel: RowKernel | None) -> Tuning:
@@ -97,16 +105,20 @@ def tune(model: torch.nn.Module, kernel: RowKernel | None) -> Tuning:
     most = int(getattr(kernel, "rows", 0)) if owners and kernels.compiled.available() else 0
     shapes = sorted({tuple(o.weight.shape) for o in owners})
     key = machine_cache.machine_key(dtype, type(kernel).__name__, most, shapes, f"tuning {VERSION}")
-    found = _parse(machine_cache.load(CACHE_NAME, key))
-    if found is None:
-        found = {}
+    stored = _parse(machine_cache.load(CACHE_NAME, key))
+    if stored is None:
+        found: Seconds = {}
         for r in range(1, most + 1):  # up to the first row count the kernel loses
             found[r] = measure_rows(owners, r, dtype)
             if decide(found).rows < r:
                 break
-        if found and not _close(found):
-            machine_cache.store(CACHE_NAME, key, {"rows": found})
-    chosen = decide(found)
+        gemv = measure_gemv(everyone) if dtype == torch.float32 else None
+        if (found or gemv) and not _close(found, gemv):
+            machine_cache.store(CACHE_NAME, key, {"rows": found, "gemv": gemv})
+        stored = found, gemv
+    chosen = decide(*stored)
+    for owner in everyone:
+        owner.gemv = chosen.gemv
     if kernel is not None and hasattr(kernel, "rows"):
         kernel.rows = chosen.rows
     if chosen.rows == 0 and not getattr(kernel, "wide", False):  # (a kernel that widens keeps them)
@@ -119,7 +131,7 @@ def tune(model: torch.nn.Module, kernel: RowKernel | None) -> Tuning:
 Seconds = dict[int, tuple[float, float]]  #: by row count: (row kernel, oneDNN)
 
 
-def decide(rows_seconds: Seconds) -> Tuning:
+def decide(rows_seconds: Seconds, gemv_seconds: tuple[float, float] | None = None) -> Tuning:
     """The choice the measurements make (see the module docstring)."""
     rows = 0
     for r in sorted(rows_seconds):
@@ -127,7 +139,12 @@ def decide(rows_seconds: Seconds) -> Tuning:
         if kernel_s * MARGIN > onednn_s:
             break
         rows = r
-    return Tuning(rows, rows_seconds)
+    gemv = False
+    if gemv_seconds is not None:
+        gemv_s, onednn_s = gemv_seconds
+        kernel_s = rows_seconds[1][0] if rows else float("inf")
+        gemv = gemv_s * MARGIN <= min(onednn_s, kernel_s)
+    return Tuning(rows, rows_seconds, gemv, gemv_seconds)
 
 
 def measure_rows(
@@ -156,6 +173,27 @@ def measure_rows(
         return _alternating(run, without, repeats)
 
 
+def measure_gemv(owners: list[PackedLinear | MergedProduct], repeats: int = 3) -> tuple[float, float]:
+    """Seconds of one pass over every product of ``owners`` (float32) at one row: (through
+    ``F.linear``, through oneDNN's packed product), best of ``repeats`` each, the two alternating."""
+    generator = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(1, o.weight.shape[1], generator=generator) for o in owners]
+    kept = [(o.gemv, o.prepared) for o in owners]
+
+    def run(gemv: bool) -> None:
+        for owner in owners:
+            owner.gemv, owner.prepared = gemv, None
+        try:
+            for owner, x in zip(owners, inputs, strict=True):
+                owner.product(x)
+        finally:
+            for owner, (was, prepared) in zip(owners, kept, strict=True):
+                owner.gemv, owner.prepared = was, prepared
+
+    with torch.inference_mode():
+        return _alternating(lambda: run(True), lambda: run(False), repeats)
+
+
 def _alternating(
     first: Callable[[], object], second: Callable[[], object], repeats: int
 ) -> tuple[float, float]:
@@ -169,13 +207,17 @@ def _alternating(
     return best[0], best[1]
 
 
-def _close(rows_seconds: Seconds) -> bool:
-    return any(1 / CLOSE < (o / k) / MARGIN < CLOSE for k, o in rows_seconds.values())
+def _close(rows_seconds: Seconds, gemv_seconds: tuple[float, float] | None = None) -> bool:
+    pairs = [*rows_seconds.values(), *([gemv_seconds] if gemv_seconds else [])]
+    return any(1 / CLOSE < (o / k) / MARGIN < CLOSE for k, o in pairs)
 
 
-def _parse(entry: object) -> Seconds | None:
-    """A stored entry as measurements, or ``None`` where it is missing or not one."""
+def _parse(entry: object) -> tuple[Seconds, tuple[float, float] | None] | None:
+    """A stored entry as measurements (by row count; at one row through ``F.linear``, or ``None``),
+    or ``None`` where it is missing or not one."""
     try:
-        return {int(r): (float(k), float(o)) for r, (k, o) in entry["rows"].items()}  # type: ignore[index]
+        rows = {int(r): (float(k), float(o)) for r, (k, o) in entry["rows"].items()}  # type: ignore[index]
+        gemv = entry["gemv"]  # type: ignore[index]
+        return rows, None if gemv is None else (float(gemv[0]), float(gemv[1]))
     except (TypeError, KeyError, ValueError, AttributeError, IndexError):
         return None
