@@ -322,6 +322,38 @@ def test_one_call_per_layer_stores_and_attends_as_the_two_calls_do(dtype, heads,
     torch.testing.assert_close(out, want, **TOLERANCE[dtype])
 
 
+def test_a_steps_layers_share_the_loop_chosen_at_its_first_layer(monkeypatch):
+    """The loop (and what it reads besides the layer's arrays) is chosen once per step and query
+    shape, not per layer; every layer still stores and attends as the two calls do."""
+    from paged_attention.kernels import compiled
+
+    case = make_paged_case([5, 12], 8, 2, 64, torch.float32, seed=3)
+    plan = kernels.plan_decode(case.block_tables, case.seq_lens, case.key_cache)
+    slots = torch.tensor([4, 19])
+    layers = torch.stack([torch.stack([case.key_cache, case.value_cache])] * 3)
+    asked = []
+    rows = compiled.tiles.rows
+    monkeypatch.setattr(compiled.tiles, "rows", lambda *a: asked.append(a) or rows(*a))
+    step = kernels.decode_step(layers, slots, plan)
+    generator = torch.Generator().manual_seed(5)
+    chosen = 0
+    for layer in range(3):
+        q, k, v = torch.randn(2, 4, 64, generator=generator), *torch.randn(2, 2, 2, 64, generator=generator)
+        expected_caches = layers[layer].clone()
+        kernels.store_kv(k, v, *expected_caches, slots, backend="compiled")
+        expected = kernels.paged_decode(
+            q, *expected_caches, case.block_tables, case.seq_lens, backend="compiled"
+        )
+        before = len(asked)  # (paged_decode asks too)
+        assert torch.equal(kernels.decode_layer(q, k, v, layer, step), expected)
+        chosen += len(asked) - before
+        torch.testing.assert_close(layers[layer], expected_caches, atol=0, rtol=0, equal_nan=True)
+    assert chosen == 1 and len(step.loops) == 1
+    before = len(asked)
+    kernels.decode_layer(q, k, v, 0, kernels.decode_step(layers, slots, plan))  # a new step chooses again
+    assert len(asked) == before + 1
+
+
 def test_one_call_per_layer_declines_what_it_cannot_read():
     """float16 caches have no compiled kernel (no step is made); a query of another dtype than the
     caches', or float64, is declined with None: the engine then makes the two calls."""

@@ -12,7 +12,7 @@ def as_numpy(tensor: torch.Tensor) -> np.ndarray:
     """A NumPy view of a CPU tensor (no copy); bfloat16 and fp8, which NumPy lacks, as their raw
     bits (``uint16``, ``uint8``)."""
     if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(np.uint16)
+        return tensor.view(torch.uint16).numpy()
     if tensor.dtype in FP8_DTYPES:
         return tensor.view(torch.uint8).numpy()
     return tensor.numpy()

@@ -80,7 +80,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -265,6 +265,8 @@ class DecodeStep:
     scales: np.ndarray | None = None  # int8: float32 [layers, 2, num_blocks, H_kv]
     map_blocks: np.ndarray | None = None  # int8: the step's StoreMap
     map_tokens: np.ndarray | None = None
+    #: The loop every layer of the step calls, by (query dtype, query heads): chosen at its first layer
+    loops: dict[tuple[torch.dtype, int], Callable[..., None]] = field(default_factory=dict, compare=False)
 
     @classmethod
     def build(
@@ -314,27 +316,47 @@ def decode_layer(
         return None
     out = query.new_empty(query.shape)
     try:
-        from . import loop_int8, loop_nest  # imported late: importing Numba costs half a second
-
-        q, k, v = as_numpy(query.detach()), as_numpy(key.detach()), as_numpy(value.detach())
-        if int8:
-            loop_int8.decode_layer_int8(q, k, v, step.caches, step.scales, layer, step.map_blocks,
-                                        step.map_tokens, step.blocks, step.seq_lens, scale, _NOT_FP8,
-                                        as_numpy(out))  # fmt: skip
-        elif tiles.rows(query.dtype, step.dtype, query.shape[1], step.caches.shape):
-            from .loop_amx import decode_layer as tiled
-
-            record = tiles.record(query.shape[1] // step.caches.shape[4])
-            tiled(q, k, v, step.caches, layer, step.slots, step.blocks, step.seq_lens, scale, record,
-                  as_numpy(out))  # fmt: skip
-        else:
-            ones = np.lib.stride_tricks.as_strided(_ONE, step.caches.shape[2:5:2], (0, 0))
-            loop_nest.decode_layer(q, k, v, step.caches, layer, step.slots, step.blocks, step.seq_lens, scale,
-                                   ones, _NOT_FP8, as_numpy(out))  # fmt: skip
+        loop = step.loops.get((query.dtype, query.shape[1]))
+        if loop is None:
+            loop = step.loops[query.dtype, query.shape[1]] = _decode_loop(step, query.dtype, query.shape[1])
+        loop(as_numpy(query.detach()), as_numpy(key.detach()), as_numpy(value.detach()), layer, scale,
+             as_numpy(out))  # fmt: skip
     except Exception as error:
         give_up(error)
         return None
     return out
+
+
+def _decode_loop(step: DecodeStep, dtype: torch.dtype, heads: int) -> Callable[..., None]:
+    """``loop(q, k, v, layer, scale, out)`` for every layer of ``step`` (NumPy arrays): the int8
+    loop, the AMX tiles' (where :func:`.tiles.rows` takes this query) or the loop nest, with what it
+    reads besides the layer's own arrays bound once for the step."""
+    from . import loop_int8, loop_nest  # imported late: importing Numba costs half a second
+
+    caches, slots, blocks, seq_lens = step.caches, step.slots, step.blocks, step.seq_lens
+    if step.scales is not None:
+        scales_, map_blocks, map_tokens = step.scales, step.map_blocks, step.map_tokens
+
+        def int8(q, k, v, layer, scale, out):  # type: ignore[no-untyped-def]
+            loop_int8.decode_layer_int8(q, k, v, caches, scales_, layer, map_blocks, map_tokens, blocks,
+                                        seq_lens, scale, _NOT_FP8, out)  # fmt: skip
+
+        return int8
+    if tiles.rows(dtype, step.dtype, heads, caches.shape):
+        from .loop_amx import decode_layer as on_tiles
+
+        record = tiles.record(heads // caches.shape[4])
+
+        def tiled(q, k, v, layer, scale, out):  # type: ignore[no-untyped-def]
+            on_tiles(q, k, v, caches, layer, slots, blocks, seq_lens, scale, record, out)
+
+        return tiled
+    ones = np.lib.stride_tricks.as_strided(_ONE, caches.shape[2:5:2], (0, 0))
+
+    def nest(q, k, v, layer, scale, out):  # type: ignore[no-untyped-def]
+        loop_nest.decode_layer(q, k, v, caches, layer, slots, blocks, seq_lens, scale, ones, _NOT_FP8, out)
+
+    return nest
 
 
 _ONE = np.ones(1, np.float32)
