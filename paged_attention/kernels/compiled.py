@@ -69,7 +69,8 @@ order (the engine's ``decoding`` flags, :func:`.reference.paged_prefill`).
 Compilation: Numba compiles each loop once per signature it meets (the cache's dtype; for
 :func:`decode_layer` also the memory layout of its query, keys and values: contiguous or strided) on
 first use (about a second a signature) and caches the machine code on disk (next to this file, or
-in Numba's user cache when that is not writable), so later processes load it in milliseconds.
+in Numba's user cache when that is not writable), so later processes load it in milliseconds (a
+cache left inconsistent by two processes compiling at once is rebuilt: :mod:`.numba_cache`).
 Where Numba is missing or compiling fails, the first call says so once with a warning and every
 call falls back to the eager recipe, which gives the same numbers up to rounding. float16 caches
 and float64 (the tests' oracle dtype) take the eager recipe.
@@ -85,7 +86,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import reference, tiles
+from . import numba_cache, reference, tiles
 from .arrays import NOT_FP8 as _NOT_FP8
 from .arrays import as_numpy, fp8_format, scales
 from .quantization import QUANTIZED_DTYPES, StoreMap, per_block, store_quantized
@@ -363,9 +364,16 @@ _ONE = np.ones(1, np.float32)
 
 
 def give_up(error: Exception) -> None:
-    """Numba missing or failing to compile: stop trying in this process and say so once (any
-    other error is re-raised: it is a bug or bad input, not a reason to switch the kernel off)."""
+    """Numba missing or failing to compile: stop trying in this process and say so once; its cache
+    inconsistent: recompile (:mod:`.numba_cache`) and go on (any other error is re-raised: it is a
+    bug or bad input, not a reason to switch the kernel off). Either way this call falls back."""
     global _failed
+    if numba_cache.inconsistent(error):
+        try:
+            numba_cache.repair(error)
+            return
+        except Exception as failed:  # (recompiling failed too: give the loops up, as below)
+            error = failed
     if not isinstance(error, ImportError) and not type(error).__module__.startswith("numba"):
         raise error
     with _lock:
@@ -382,17 +390,9 @@ def give_up(error: Exception) -> None:
         )
 
 
-def _eager(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    blocks: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-) -> torch.Tensor:
+def _eager(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, blocks: torch.Tensor,
+           seq_lens: torch.Tensor, scale: float, k_scale: torch.Tensor | None,
+           v_scale: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
     plan = reference.GatherPlan.build(blocks, seq_lens, key_cache.shape[1])
-    return reference.decode_with_plan(
-        query, key_cache, value_cache, plan, scale, k_scale=k_scale, v_scale=v_scale
-    )
+    return reference.decode_with_plan(query, key_cache, value_cache, plan, scale, k_scale=k_scale,
+                                      v_scale=v_scale)  # fmt: skip

@@ -17,7 +17,7 @@ A float32 model is also timed at one row through torch's own ``F.linear`` (MKL's
 product, :func:`...models.packed_linear.one_row`), against oneDNN in alternation: where it is at
 least :data:`MARGIN` times faster than both others, every layer takes it for one row (``gemv``). On
 an Ice Lake Xeon it read SmolLM2's weights at 12.3-13.1 GB/s, oneDNN at 9.7-10.5 and the tiles at
-8.4-9.2 (one thread; a decode step of one sequence went from ~67-77 to ~55-63 ms).
+8.4-9.2 (one thread; a compiled decode step of one sequence went from 67.9 to 56.5 ms).
 
 Prompts are not a measured choice. torch's SDPA over the gathered pages was once 2.9x faster than
 the in-place loop on that Xeon in bfloat16 (today's AMX loop takes 0.67-0.77x of SDPA's time,
