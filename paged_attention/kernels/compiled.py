@@ -317,9 +317,9 @@ def decode_layer(
         return None
     out = query.new_empty(query.shape)
     try:
-        loop = step.loops.get((query.dtype, query.shape[1]))
+        loop = step.loops.get(key_ := (query.dtype, query.shape[1]))
         if loop is None:
-            loop = step.loops[query.dtype, query.shape[1]] = _decode_loop(step, query.dtype, query.shape[1])
+            loop = step.loops[key_] = _decode_loop(step, *key_)
         loop(as_numpy(query.detach()), as_numpy(key.detach()), as_numpy(value.detach()), layer, scale,
              as_numpy(out))  # fmt: skip
     except Exception as error:
