@@ -18,7 +18,12 @@ compiled; figures/peer.json records it).
 What the compiled model is (:func:`compile_model`):
 
 * dynamo traces the base model once, whole (``fullgraph``), with the token dimension unbacked (no
-  second graph for a one-token step);
+  second graph for a one-token step), and the modules' Python floats (the norms' epsilon,
+  attention's and the rotary embedding's scales) as constants from the start
+  (``specialize_float``): left symbolic, the pass that turns them into tensors gave up and dynamo
+  traced the whole model a second time to make them constants after all (the same graph, one
+  trace less: on an Ice Lake Xeon, caches warm, ``LLM(...)`` with SmolLM2 in bfloat16 was ready in
+  47.5 s instead of 73.7, with the embedded model in 10.3-10.7 s instead of 13.7-16.0);
 * the attention function becomes one opaque call, ``torch.ops.paged_attention.attend``
   (registered in :mod:`..engine.worker.model_runner`), which reads the step's forward context as
   the eager call does: the paged kernels are the same ones;
@@ -154,7 +159,7 @@ def compile_model(module: torch.nn.Module) -> Callable[..., Any]:
             limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             with (
                 torch._inductor.config.patch(INDUCTOR_OPTIONS),
-                torch._dynamo.config.patch(recompile_limit=limit),
+                torch._dynamo.config.patch(recompile_limit=limit, specialize_float=True),
                 torch.compiler.set_stance(stance),
             ):
                 return compiled(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **kwargs)
