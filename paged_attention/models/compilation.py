@@ -21,9 +21,10 @@ What the compiled model is (:func:`compile_model`):
   second graph for a one-token step), and the modules' Python floats (the norms' epsilon,
   attention's and the rotary embedding's scales) as constants from the start
   (``specialize_float``): left symbolic, the pass that turns them into tensors gave up and dynamo
-  traced the whole model a second time to make them constants after all (the same graph, one
-  trace less: on an Ice Lake Xeon, caches warm, ``LLM(...)`` with SmolLM2 in bfloat16 was ready in
-  47.5 s instead of 73.7, with the embedded model in 10.3-10.7 s instead of 13.7-16.0);
+  traced the whole model a second time to make them constants after all (one trace fewer, the
+  same results bit for bit; inductor names one fused loop differently): on an Ice Lake Xeon,
+  caches warm, ``LLM(...)`` with SmolLM2 in bfloat16 was ready in 47.5 s instead of 73.7, with
+  the embedded model in 10.3-10.7 s instead of 13.7-16.0;
 * the attention function becomes one opaque call, ``torch.ops.paged_attention.attend``
   (registered in :mod:`..engine.worker.model_runner`), which reads the step's forward context as
   the eager call does: the paged kernels are the same ones;
