@@ -187,9 +187,10 @@ class PagedKVCacheManager:
                 f"sequence {seq.seq_id} holds {table.num_tokens} tokens of KV cache "
                 f"but says {seq.num_computed_tokens} are computed"
             )
-        elif table.blocks_needed(num_slots) > self.allocator.num_free_blocks:
-            return None
-        result = table.append_tokens(num_slots)
+        try:
+            result = table.append_tokens(num_slots)  # all or nothing
+        except NoFreeBlocksError:
+            return None  # too few free blocks (a new table never gets here: counted above)
         if self.enable_prefix_caching:
             # Enter the blocks this step fills: the step computes them before any later step can read
             # them, and a sequence scheduled behind this one in the same step reads them after they
