@@ -180,7 +180,7 @@ ROWS = [
         "`LLM(..., compilation_config=3)` (an int mode or a dict), `enforce_eager`",
         "differs",
         "modes 1-3 compile the model with torch.compile/inductor, attention an opaque operation "
-        "(vLLM's idea; here one whole-model graph, weights frozen); eager by default here (vLLM "
+        "(vLLM's idea; here one whole-model graph); eager by default here (vLLM "
         "compiles by default: ~1-2 minutes on a 2-core CPU); vLLM's other fields are ignored",
         "tests/test_compilation.py::test_compiled_engine_gives_eager_and_transformers_tokens_with_one_graph",
     ),

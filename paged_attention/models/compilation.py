@@ -31,19 +31,24 @@ What the compiled model is (:func:`compile_model`):
 * the engine's packed and merged linear layers (:mod:`.packed_linear`, :mod:`.merged_projections`)
   become opaque calls too (:mod:`.opaque`), so that at run time each product picks its kernel by
   the step's rows (a one-sequence step reads the weights at the memory's pace; vLLM's CPU graph
-  calls its own ``onednn_mm`` the same way); a linear layer the engine did not pack (another
-  device) is inductor's, packed for oneDNN and concatenated with its siblings
-  (``cpp.enable_concat_linear``);
-* inductor with ``freezing`` (the remaining weights are constants of the graph) fuses the small
-  operations between products and attention into C++ loops;
+  calls its own ``onednn_mm`` the same way); a merged group's members share one call
+  (:class:`.opaque.SharedProducts`); a linear layer the engine did not pack (another device) is
+  inductor's;
+* inductor fuses the small operations between products and attention into C++ loops, the weights
+  they read (norms, embeddings) inputs of the graph, not frozen into it: a frozen graph is never
+  stored in AOTAutograd's cache, so every start traced it through AOTAutograd again (on an Ice Lake
+  Xeon, caches warm, ``LLM(...)`` with SmolLM2 in bfloat16 ready in 13.2 s instead of 38.0 with
+  ``freezing``, the same step times; the embedded model 6.0 s instead of 10.4; the first start on a
+  machine, caches empty, 57 s);
 * guards are checked on the first two calls only, the second failing loudly if it would compile
   again; after that they are skipped (``skip_guard_eval_unsafe``, as vLLM's trace-once mode skips
   them): what they watch (the module's structure and hooks, grad mode, the attention
   implementation, the weights) must not change, and the engine changes none of them.
 
-Invariants: the compiled model reads the weights as they were at its first call (frozen: change
-them and build a new engine); results are inductor's, not transformers' operation by operation
-(fused loops round bfloat16 intermediates differently; float32 sums may differ in the last ulps).
+Invariants: the compiled model reads its weights at every call, as the eager one does (its
+structure must not change: the guards are skipped); results are inductor's, not transformers'
+operation by operation (fused loops round bfloat16 intermediates differently; float32 sums may
+differ in the last ulps).
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from . import opaque
 
 #: vLLM's ``CompilationMode`` values (``vllm/config/compilation.py``): 0 none, 1 stock
 #: torch.compile, 2 dynamo trace once, 3 vLLM's piecewise compile.
@@ -73,7 +80,7 @@ def _mode(value: Any) -> Any:
 
 
 #: The inductor settings of a compiled model (see the module docstring).
-INDUCTOR_OPTIONS = {"freezing": True, "cpp.enable_concat_linear": True}
+INDUCTOR_OPTIONS = {"freezing": False, "post_grad_custom_pre_pass": opaque.SharedProducts()}
 
 
 @dataclass(frozen=True)
