@@ -32,7 +32,7 @@ What the compiled model is (:func:`compile_model`):
   become opaque calls too (:mod:`.opaque`), so that at run time each product picks its kernel by
   the step's rows (a one-sequence step reads the weights at the memory's pace; vLLM's CPU graph
   calls its own ``onednn_mm`` the same way); a merged group's members share one call
-  (:class:`.opaque.SharedProducts`); a linear layer the engine did not pack (another device) is
+  (:class:`.shared_products.SharedProducts`); a linear layer the engine did not pack (another device) is
   inductor's;
 * inductor fuses the small operations between products and attention into C++ loops, the weights
   they read (norms, embeddings) inputs of the graph, not frozen into it: a frozen graph is never
@@ -60,8 +60,6 @@ from typing import Any
 
 import torch
 
-from . import opaque
-
 #: vLLM's ``CompilationMode`` values (``vllm/config/compilation.py``): 0 none, 1 stock
 #: torch.compile, 2 dynamo trace once, 3 vLLM's piecewise compile.
 MODES = (0, 1, 2, 3)
@@ -79,8 +77,9 @@ def _mode(value: Any) -> Any:
     return getattr(value, "value", value) if hasattr(value, "name") else value
 
 
-#: The inductor settings of a compiled model (see the module docstring).
-INDUCTOR_OPTIONS = {"freezing": False, "post_grad_custom_pre_pass": opaque.SharedProducts()}
+#: The inductor settings of a compiled model (see the module docstring); :func:`compile_model` adds
+#: the pass that keeps one product per merged group (:mod:`.shared_products`).
+INDUCTOR_OPTIONS = {"freezing": False}
 
 
 @dataclass(frozen=True)
@@ -150,6 +149,9 @@ def compile_model(module: torch.nn.Module) -> Callable[..., Any]:
             "compilation_config (modes 1-3) needs a C++ compiler for inductor's CPU code and none was "
             "found (install g++, or name one in CXX); compilation_config=0 runs the model eagerly"
         )
+    from .shared_products import SharedProducts  # (imports inductor: only when compiling)
+
+    options = {**INDUCTOR_OPTIONS, "post_grad_custom_pre_pass": SharedProducts()}
     compiled = torch.compile(module, fullgraph=True, dynamic=True)
     calls = 0
 
@@ -166,7 +168,7 @@ def compile_model(module: torch.nn.Module) -> Callable[..., Any]:
             # engine of a process (a notebook, a test run) from compiling at all.
             limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             with (
-                torch._inductor.config.patch(INDUCTOR_OPTIONS),
+                torch._inductor.config.patch(options),
                 torch._dynamo.config.patch(recompile_limit=limit, specialize_float=True),
                 torch.compiler.set_stance(stance),
             ):

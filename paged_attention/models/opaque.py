@@ -8,8 +8,8 @@ its CPU products out of inductor's hands the same way it keeps attention: as cus
 of ``torch.ops.paged_attention_linear.multiply(x, handle, out_features)``; at run time that call is the
 layer's own product, which picks the row kernels for a step of one or two rows (the weights read at
 the memory's pace) and the packed product for the rest. A merged group's members record the same call
-on the same input, and :class:`SharedProducts` (a pass over inductor's graph) keeps one, so Q/K/V
-and gate/up stay one product each.
+on the same input, and :class:`.shared_products.SharedProducts` (a pass over inductor's graph) keeps
+one, so Q/K/V and gate/up stay one product each.
 
 Invariants: a handle names one layer for the layer's lifetime (held weakly: a layer that is gone is an
 error, never another layer's product); the operation neither reads nor writes anything but its input
@@ -23,7 +23,6 @@ import weakref
 from typing import Protocol
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 #: The library (namespace) of the operation.
 LIBRARY = "paged_attention_linear"
@@ -70,30 +69,3 @@ _library = torch.library.Library(LIBRARY, "FRAGMENT")
 _library.define("multiply" + torch.library.infer_schema(_multiply, mutates_args=()))
 _library.impl("multiply", _multiply, "CompositeExplicitAutograd")
 torch.library.register_fake(f"{LIBRARY}::multiply", _shape, lib=_library)
-
-
-class SharedProducts(CustomGraphPass):
-    """Keep one :func:`multiply` call per input and layer in a graph (an inductor post-grad pass).
-
-    Each member of a merged group records the group's whole product, so a traced layer holds three
-    identical Q/K/V calls and two gate/up calls. Inductor's freezing removes such duplicates with
-    everything else it folds, but a frozen graph never enters AOTAutograd's cache on disk; without
-    freezing nothing removes them, and each duplicate would multiply again at run time (SmolLM2's
-    steps were 1.5x slower so). The operation is pure (its contract above), so dropping a repeat is
-    safe. The ``uuid`` keys inductor's caches on this file, so a change here compiles again."""
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        target = torch.ops.paged_attention_linear.multiply.default
-        first: dict[tuple[object, ...], torch.fx.Node] = {}
-        for node in list(graph.nodes):
-            if node.op != "call_function" or node.target is not target:
-                continue
-            key = (node.args, tuple(sorted(node.kwargs.items())))
-            if key in first:
-                node.replace_all_uses_with(first[key])
-                graph.erase_node(node)
-            else:
-                first[key] = node
-
-    def uuid(self) -> bytes:
-        return get_hash_for_files((__file__,))
