@@ -5,9 +5,9 @@ dynamo traces (:mod:`.opaque`), so a traced layer holds three identical Q/K/V ca
 calls. Inductor's ``freezing`` removed such duplicates with everything else it folds, but a frozen
 graph never enters AOTAutograd's cache on disk (:mod:`.compilation` no longer freezes); without
 freezing nothing removes them, and each duplicate multiplies again at run time (SmolLM2's compiled
-steps were 1.5x slower so on an Ice Lake Xeon). :class:`SharedProducts` runs after inductor's own
-post-grad passes begin (``post_grad_custom_pre_pass``) and keeps the first of each set of identical
-calls. Imported only when compiling: importing inductor costs about two seconds.
+steps were 1.5x slower so on an Ice Lake Xeon). :class:`SharedProducts` runs first among inductor's
+post-grad passes (``post_grad_custom_pre_pass``) and keeps the first of each set of identical calls.
+Imported only when compiling: importing inductor costs about two seconds.
 
 Invariant: only ``paged_attention_linear.multiply`` calls are touched; the operation is pure (it reads
 its input and the layer's weights, writes nothing), so dropping a repeat changes no result.
