@@ -190,7 +190,7 @@ class PagedKVCacheManager:
         try:
             result = table.append_tokens(num_slots)  # all or nothing
         except NoFreeBlocksError:
-            return None  # too few free blocks (a new table never gets here: counted above)
+            return None  # too few free blocks (never for a new table: its blocks were counted above)
         if self.enable_prefix_caching:
             # Enter the blocks this step fills: the step computes them before any later step can read
             # them, and a sequence scheduled behind this one in the same step reads them after they

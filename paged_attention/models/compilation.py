@@ -32,8 +32,8 @@ What the compiled model is (:func:`compile_model`):
   become opaque calls too (:mod:`.opaque`), so that at run time each product picks its kernel by
   the step's rows (a one-sequence step reads the weights at the memory's pace; vLLM's CPU graph
   calls its own ``onednn_mm`` the same way); a merged group's members share one call
-  (:class:`.shared_products.SharedProducts`); a linear layer the engine did not pack (another device) is
-  inductor's;
+  (:class:`.shared_products.SharedProducts`); a linear layer the engine did not pack (another
+  device) is inductor's;
 * inductor fuses the small operations between products and attention into C++ loops, the weights
   they read (norms, embeddings) inputs of the graph, not frozen into it: a frozen graph is never
   stored in AOTAutograd's cache, so every start traced it through AOTAutograd again (on an Ice Lake
