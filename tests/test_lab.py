@@ -84,7 +84,12 @@ ANSWERS = {
     ),
     "10.verify": (
         spec.accept_drafts_right,
-        [spec.accept_drafts_resample_full, spec.accept_drafts_no_bonus],
+        [
+            spec.accept_drafts_resample_full,
+            spec.accept_drafts_no_bonus,
+            spec.accept_drafts_bonus_argmax,
+            spec.accept_drafts_too_often,
+        ],
     ),
     "11.quantize_block": (
         quantization.quantize_block_right,

@@ -92,3 +92,32 @@ def accept_drafts_no_bonus(drafts, probs, generator, greedy):
             return [*out, best]
         out.append(draft)
     return out or [int(probs[0].argmax())]  # forgets the target's token after the last draft
+
+
+def accept_drafts_bonus_argmax(drafts, probs, generator, greedy):
+    if greedy:
+        return accept_drafts_right(drafts, probs, generator, greedy)
+    out = []
+    for i, draft in enumerate(drafts):
+        if float(torch.rand((), generator=generator, dtype=torch.float64)) < float(probs[i][draft]):
+            out.append(draft)
+            continue
+        rest = probs[i].clone()
+        rest[draft] = 0
+        return [*out, int(torch.multinomial(rest / rest.sum(), 1, generator=generator))]
+    return [*out, int(probs[len(drafts)].argmax())]  # sampled, yet the token after the drafts is the argmax
+
+
+def accept_drafts_too_often(drafts, probs, generator, greedy):
+    if greedy:
+        return accept_drafts_right(drafts, probs, generator, greedy)
+    out = []
+    for i, draft in enumerate(drafts):
+        # p(x) ** 0.8: 0.05-0.08 too often at the checks' probabilities, the subtlest slip caught
+        if float(torch.rand((), generator=generator, dtype=torch.float64)) < float(probs[i][draft]) ** 0.8:
+            out.append(draft)
+            continue
+        rest = probs[i].clone()
+        rest[draft] = 0
+        return [*out, int(torch.multinomial(rest / rest.sum(), 1, generator=generator))]
+    return [*out, int(torch.multinomial(probs[len(drafts)], 1, generator=generator))]
