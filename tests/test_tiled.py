@@ -60,6 +60,28 @@ def test_smollm2s_products_are_tiled_and_equal_onednns_bits(shape, with_bias) ->
 
 
 @needs_packing
+@needs_avx512
+def test_a_shape_matched_before_is_checked_on_fewer_rows_and_searched_again_if_wrong(monkeypatch) -> None:
+    """A second weight of a shape takes the block matched for the first after a check of the probe's
+    first rows (one product for each of their row counts, bit for bit, not the whole probe); a block
+    remembered wrongly for a shape is found out by that check, and the right one searched for."""
+    g = torch.Generator().manual_seed(2)
+    first, second = (torch.randn(576, 576, generator=g) * 0.05 for _ in range(2))
+    calls = []
+    loop = tiled.tiled_product
+    monkeypatch.setattr(tiled, "tiled_product", lambda *a: calls.append(1) or loop(*a))
+    key = (576, 576, False, torch.get_num_threads())
+    monkeypatch.delitem(tiled._matched, key, raising=False)
+    assert tiled.tile_like(first, None, _packed(first, None)).block == 512
+    searched, calls[:] = len(calls), []
+    assert tiled.tile_like(second, None, _packed(second, None)).block == 512
+    assert len(calls) == sum(tiled.ROWS // rows for rows in range(1, tiled.ROWS + 1)) < searched
+    monkeypatch.setitem(tiled._matched, key, 1024)  # one block for all of K = 576: not oneDNN's order
+    tiles = tiled.tile_like(second, None, _packed(second, None))
+    assert tiles.block == 512 and tiled._matched[key] == 512
+
+
+@needs_packing
 @settings(max_examples=25, deadline=None)
 @given(
     out_features=st.integers(1, 200),

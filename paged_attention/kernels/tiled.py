@@ -70,9 +70,11 @@ def tile(weight: torch.Tensor, block: int) -> Tiles:
         raise ValueError(f"block must be a positive int, got {block!r}")
     n, k = weight.shape
     count = -(-n // TILE)
-    padded = weight.detach().new_zeros(count * TILE, k)
-    padded[:n] = weight.detach()
-    tiles = padded.view(count, TILE, k).transpose(1, 2).contiguous()
+    padded = weight.detach()
+    if n % TILE:  # columns past N are zero (a whole number of tiles needs no padded copy first)
+        padded = padded.new_zeros(count * TILE, k)
+        padded[:n] = weight.detach()
+    tiles = padded.reshape(count, TILE, k).transpose(1, 2).contiguous()
     return Tiles(tiles, n, block)
 
 
@@ -109,21 +111,37 @@ def tile_like(
     row count it takes; ``None`` if none does, or the weight cannot be tiled. The match is found at
     the thread count in force (oneDNN may split the sums another way at another), on at least
     :data:`PROBED` values: a narrow weight (oneDNN multiplies a single column another way, which a
-    few rows may not show) is probed with more rows."""
+    few rows may not show) is probed with more rows.
+
+    oneDNN chooses its order by shape, not by value: once a block matched for a shape (with a bias
+    or without, at a thread count), a weight of that shape is tried with that block first and
+    checked on the probe's first :data:`ROWS` rows only (still bit for bit, for every row count);
+    should those disagree, it is searched for as the first was."""
     if weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu":
         return None
     if not compiled.available():
         return None
     rows = min(PROBED, max(16, -(-PROBED // weight.shape[0])))
     probe = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(0))
+    key = (*weight.shape, bias is not None, torch.get_num_threads())
     with torch.inference_mode():
-        expected = product(probe)
+        expected = product(probe)  # of many rows: the product a tiled row stands in for
         laid = tile(weight, BLOCKS[0])
+        known = _matched.get(key)
+        if known is not None:
+            tiles = Tiles(laid.tiles, laid.out_features, known)
+            if all(_agrees(probe[:ROWS], expected[:ROWS], tiles, bias, r) for r in range(1, ROWS + 1)):
+                return tiles
         for block in BLOCKS if weight.shape[1] > min(BLOCKS) else BLOCKS[:1]:
             tiles = Tiles(laid.tiles, laid.out_features, block)
             if all(_agrees(probe, expected, tiles, bias, r) for r in range(1, ROWS + 1)):
+                _matched[key] = block
                 return tiles
     return None
+
+
+#: The block :func:`tile_like` matched, by (N, K, with a bias, torch's thread count).
+_matched: dict[tuple[int, int, bool, int], int] = {}
 
 
 #: The fewest output values :func:`tile_like` compares for each row count.
