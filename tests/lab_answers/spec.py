@@ -94,30 +94,30 @@ def accept_drafts_no_bonus(drafts, probs, generator, greedy):
     return out or [int(probs[0].argmax())]  # forgets the target's token after the last draft
 
 
-def accept_drafts_bonus_argmax(drafts, probs, generator, greedy):
+def _sampled_slip(drafts, probs, generator, greedy, chance, after):
+    """The right rule, greedy as it is; sampled with one part swapped: ``chance(p)`` of keeping a
+    draft of probability ``p``, ``after(last_row, generator)`` for the token after the drafts."""
     if greedy:
         return accept_drafts_right(drafts, probs, generator, greedy)
     out = []
     for i, draft in enumerate(drafts):
-        if float(torch.rand((), generator=generator, dtype=torch.float64)) < float(probs[i][draft]):
+        if float(torch.rand((), generator=generator, dtype=torch.float64)) < chance(float(probs[i][draft])):
             out.append(draft)
             continue
         rest = probs[i].clone()
         rest[draft] = 0
         return [*out, int(torch.multinomial(rest / rest.sum(), 1, generator=generator))]
-    return [*out, int(probs[len(drafts)].argmax())]  # sampled, yet the token after the drafts is the argmax
+    return [*out, after(probs[len(drafts)], generator)]
+
+
+def accept_drafts_bonus_argmax(drafts, probs, generator, greedy):
+    # sampled, yet the token after the drafts is the argmax
+    return _sampled_slip(drafts, probs, generator, greedy, lambda p: p, lambda last, g: int(last.argmax()))
 
 
 def accept_drafts_too_often(drafts, probs, generator, greedy):
-    if greedy:
-        return accept_drafts_right(drafts, probs, generator, greedy)
-    out = []
-    for i, draft in enumerate(drafts):
-        # p(x) ** 0.8: 0.05-0.08 too often at the checks' probabilities, the subtlest slip caught
-        if float(torch.rand((), generator=generator, dtype=torch.float64)) < float(probs[i][draft]) ** 0.8:
-            out.append(draft)
-            continue
-        rest = probs[i].clone()
-        rest[draft] = 0
-        return [*out, int(torch.multinomial(rest / rest.sum(), 1, generator=generator))]
-    return [*out, int(torch.multinomial(probs[len(drafts)], 1, generator=generator))]
+    # p(x) ** 0.8: 0.05-0.08 too often at the checks' probabilities, the subtlest slip caught
+    def draw(last, g):
+        return int(torch.multinomial(last, 1, generator=g))
+
+    return _sampled_slip(drafts, probs, generator, greedy, lambda p: p**0.8, draw)
