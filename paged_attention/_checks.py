@@ -7,9 +7,10 @@ instead of reading a traceback from deep inside a kernel.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
@@ -38,27 +39,30 @@ def cdiv(a: int, b: int) -> int:
 
 
 # vLLM's spellings are accepted too ("half", "float"), so programs written against vLLM run unchanged.
-DTYPE_NAMES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "fp32": torch.float32,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "fp16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
+# Each maps to torch's own name (the attribute of ``torch``): this module imports no torch, so the
+# bookkeeping layers that check their arguments here (the allocator, the page table) need none either.
+DTYPE_NAMES: dict[str, str] = {
+    "float32": "float32",
+    "float": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "half": "float16",
+    "fp16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
 }
 
 
 def as_dtype(dtype: Any) -> torch.dtype:
     """A ``torch.dtype`` from itself or its name: vLLM's spellings (:data:`DTYPE_NAMES`) or torch's
     (``"float64"``, ``"torch.float16"``). Raises ``TypeError`` naming what is allowed."""
+    import torch
+
     if isinstance(dtype, torch.dtype):
         return dtype
     if isinstance(dtype, str):
         name = dtype.lower().removeprefix("torch.")
-        if name in DTYPE_NAMES:
-            return DTYPE_NAMES[name]
+        name = DTYPE_NAMES.get(name, name)
         if isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
     raise TypeError(f"dtype must be a torch.dtype or its name such as 'float16' or 'half', got {dtype!r}")

@@ -13,16 +13,17 @@ from __future__ import annotations
 import os
 import sys
 
-import torch
-
 
 def _env_says_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
 _TRITON_IMPORTED_BEFORE_US = "triton" in sys.modules
-if not _TRITON_IMPORTED_BEFORE_US and "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
+if not _TRITON_IMPORTED_BEFORE_US and "TRITON_INTERPRET" not in os.environ:
+    import torch  # only to decide: a process started with the variable set (the lab's children) needs none
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
 _SNAPSHOT = _env_says_interpret() if _TRITON_IMPORTED_BEFORE_US else None
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from paged_attention._checks import as_dtype
 from paged_attention.engine.worker.kv_cache import KVCacheSpec
 from paged_attention.lab import EXERCISES
 from paged_attention.lab.checking import CheckFailed, checker, run
@@ -134,6 +135,26 @@ def test_a_cell_that_allocates_without_bound_hits_the_memory_limit() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("exercise_id", "prefix", "torch"),
+    [
+        ("02.free_queue", "", False),
+        ("02.free_queue", "import torch\n", True),
+        ("03.online_softmax", "", True),
+    ],
+)
+def test_a_child_has_torch_only_where_the_exercise_or_the_cell_names_it(
+    exercise_id: str, prefix: str, torch: bool
+) -> None:
+    """A bookkeeping exercise's child starts without torch (~0.2 s instead of ~2); where the setup or
+    the cell names it, torch is loaded before the limits, as the exercise's own imports are, so the
+    memory limit counts from the same place as before."""
+    with ChildStudent(EXERCISES[exercise_id], prefix + student_cell(exercise_id)) as student:
+        assert student.process is not None
+        maps = Path(f"/proc/{student.process.pid}/maps").read_text()
+    assert ("libtorch" in maps) == torch
+
+
 def test_a_cell_cannot_change_the_package_on_disk() -> None:
     target = PACKAGE_ROOT / "paged_attention" / "lab" / "grader.py"
     before = hashlib.sha256(target.read_bytes()).hexdigest()
@@ -156,7 +177,7 @@ class Recorder(Student):
 
     def call(self, case: str, name: str, *args: object, hint: str = "") -> object:
         layers, heads, dim, size = args
-        dtype = next(d for d in DTYPES if d.itemsize == size)
+        dtype = next(d for d in map(as_dtype, DTYPES) if d.itemsize == size)
         self.answers[args] = KVCacheSpec(layers, heads, dim, dtype).bytes_per_token
         return self.answers[args]
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .params import SamplingParams
+
+if TYPE_CHECKING:  # the bookkeeping here needs no torch (the lab's scheduling exercise runs without it)
+    import torch
 
 
 class SequenceStatus(enum.Enum):

@@ -53,12 +53,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .._checks import check_int, check_positive_int
-from ..engine.worker.kv_cache import KVCacheSpec
+
+if TYPE_CHECKING:  # arithmetic on datasheet numbers needs no torch (nor do the replays that import this)
+    import torch
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,8 @@ class ModelSpec:
     @classmethod
     def from_config(cls, name: str, config: Any, dtype: torch.dtype | str | None = None) -> ModelSpec:
         """Count the parameters of a transformers config's shapes (see the module docstring)."""
+        from ..engine.worker.kv_cache import KVCacheSpec
+
         kv = KVCacheSpec.from_config(config, dtype)
         c = config.get_text_config() if hasattr(config, "get_text_config") else config
         hidden, vocab = c.hidden_size, c.vocab_size
@@ -161,7 +163,7 @@ MODEL_CONFIGS: dict[str, Callable[[], Any]] = {
 # fmt: on
 
 
-def model_spec(name: str, dtype: torch.dtype | str = torch.float16) -> ModelSpec:
+def model_spec(name: str, dtype: torch.dtype | str = "float16") -> ModelSpec:
     """The named model of :data:`MODEL_CONFIGS` at ``dtype``; a ``ValueError`` lists the known names."""
     if name not in MODEL_CONFIGS:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODEL_CONFIGS)}")

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from .._checks import cdiv
 from ..engine.core.scheduler import Scheduler, SchedulerOutput, SchedulingPolicy, StepUpdate
-from ..engine.sample.sampling import SamplingParams
+from ..engine.params import SamplingParams
 from ..engine.sequence import Sequence
 from ..memory.accounting import MemoryReport
 from ..memory.manager import KVCacheManager

@@ -10,16 +10,14 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import torch
-
-from ..engine.worker.kv_cache import KVCacheSpec
+from .._checks import as_dtype
 from ..memory.allocator import BlockAllocator, FreeBlockQueue, KVCacheBlock
 from ..memory.page_table import PageTable
 from ..memory.prefix_cache import extend_block_hashes
 from .checking import CheckFailed, expect
 from .student import Student, driver
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn)
+DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn")  # 01.kv_bytes's, named: no torch here
 
 
 def _cases(thorough: bool, quick: int = 60, more: int = 400) -> int:
@@ -37,6 +35,9 @@ def call_function(state: dict, objects: tuple, *args: Any) -> Any:
 
 def kv_bytes(student: Student, seed: int = 0, thorough: bool = False) -> int:
     """``kv_bytes_per_token(num_layers, num_kv_heads, head_dim, bytes_per_value)`` vs KVCacheSpec."""
+    from ..engine.worker.kv_cache import KVCacheSpec  # and torch: the check's side only
+
+    dtypes = [as_dtype(name) for name in DTYPES]
     rng = random.Random(seed)
     cases = [
         (40, 40, 128, 2, "OPT-13B in fp16"),
@@ -44,11 +45,11 @@ def kv_bytes(student: Student, seed: int = 0, thorough: bool = False) -> int:
         (30, 3, 64, 4, "SmolLM2 fp32"),
     ]
     for _ in range(_cases(thorough)):
-        dtype = rng.choice(DTYPES)
+        dtype = rng.choice(dtypes)
         head_dim = rng.choice((32, 64, 80, 96, 128, 256))
         cases.append((rng.randint(1, 96), rng.randint(1, 64), head_dim, dtype.itemsize, f"{dtype}"))
     for layers, heads, dim, size, name in cases:
-        dtype = next(d for d in DTYPES if d.itemsize == size)
+        dtype = next(d for d in dtypes if d.itemsize == size)
         expected = KVCacheSpec(layers, heads, dim, dtype).bytes_per_token
         case = f"kv_bytes_per_token({layers}, {heads}, {dim}, {size}) ({name})"
         got = student.call(case, "checks_memory:call_function", layers, heads, dim, size)

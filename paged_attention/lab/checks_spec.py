@@ -8,9 +8,6 @@ import math
 import random
 from typing import Any
 
-import torch
-
-from ..engine.sample.rejection import verify_greedy
 from ..engine.spec_decode.ngram import propose
 from .checking import CheckFailed, expect
 from .student import Student, driver
@@ -108,7 +105,11 @@ def accept_run(
     seed: int,
 ) -> Any:
     """``accept_drafts(drafts, probs, generator, greedy)`` called ``draws`` times with one generator
-    seeded ``seed``: how often each emitted token list came back (keys: the tokens joined by ',')."""
+    seeded ``seed``: how often each emitted token list came back (keys: the tokens joined by ',').
+    Imports torch where it runs: the exercise's setup has imported it before the child's limits
+    (the n-gram exercise's child, running only :func:`propose_run`, starts without torch)."""
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     table = torch.tensor(probs, dtype=torch.float64)
     counts: dict[str, int] = {}
@@ -160,6 +161,10 @@ def verify(student: Student, seed: int = 0, thorough: bool = False) -> int:
     what it emits over many draws must follow the target's distribution (a draft accepted with
     probability p(draft); on a rejection a token drawn from p without the draft; after the last
     accepted draft one more token): a chi-square test on the emitted token lists."""
+    import torch
+
+    from ..engine.sample.rejection import verify_greedy
+
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     passed = 0

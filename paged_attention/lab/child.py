@@ -3,20 +3,26 @@
 It reads one JSON request per line from file descriptor ``REQUESTS`` and writes one JSON answer per
 line, carrying the request's ``number``, to ``ANSWERS`` (see :mod:`.sandbox`, the parent):
 
-* ``hello``: answers ``{"confined": bool}``, whether ``ROOT`` (the package) is read-only here,
-  found out before any student code runs;
+* ``hello``: imports what the exercise needs (the module of its drivers, its ``setup``, and torch
+  where the request asks: the cell names it), in the start-up time, not the student's; answers
+  ``{"confined": bool}``, whether ``ROOT`` (the package) is read-only here, found out before any
+  student code runs;
 * ``load``: runs the exercise's imports and then the cell's code, limited from then on to ``TIME``
-  seconds of CPU and ``MEMORY`` bytes of address space beyond the imports; answers ``{}``, or
+  seconds of CPU and ``MEMORY`` bytes of address space beyond the imports (not where CUDA is
+  available, whose context reserves far more than it uses); answers ``{}``, or
   ``{"missing": [names]}``, ``{"unfinished": message}``, ``{"raised": error}``, ``{"exited": code}``;
 * ``call``: runs a driver (:mod:`.student`) on the cell's objects; answers ``{"value": result}`` or
   one of the above.
 
-Nothing here decides a grade: the parent does, from these answers.
+Nothing here decides a grade: the parent does, from these answers. Nothing is imported that the
+exercise does not need: a child for a bookkeeping exercise (the free queue, the scheduling policy,
+the n-gram proposer) starts without torch, in a fraction of the time.
 """
 
 from __future__ import annotations
 
 import errno
+import importlib
 import json
 import linecache
 import os
@@ -25,10 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from . import checks_kernels, checks_load, checks_memory, checks_serving, checks_spec  # noqa: F401 - the drivers
-from .student import describe, find_driver, to_json, unfinished
+from .student import DRIVER_MODULES, describe, find_driver, to_json, unfinished
 
 
 def _writable(root: str) -> bool:
@@ -52,7 +55,10 @@ def _limit(seconds: float, memory: int) -> None:
     cpu = int(seconds) + 5
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
     resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))
-    if not torch.cuda.is_available():  # a CUDA context reserves far more address space than it uses
+    # Not where CUDA is available: its context reserves far more address space than it uses. Torch is
+    # loaded by now wherever the exercise or the cell names it (hello); a cell that has none needs no CUDA.
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
         space = _address_space() + memory
         resource.setrlimit(resource.RLIMIT_AS, (space, space))
 
@@ -67,13 +73,25 @@ class _Session:
     def answer(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
         if op == "hello":
-            return {"confined": not _writable(self.root)}
+            reply = self._run(lambda: self._prepare(request))
+            return {**reply, "confined": not _writable(self.root)}
         if op == "load":
             return self._run(lambda: self._load(request))
         if op == "call":
             function = find_driver(request["driver"])
             return self._run(lambda: {"value": function(self.state, self.objects, *request["args"])})
         return {"raised": {"type": "ValueError", "message": f"unknown op {op!r}", "line": None}}
+
+    @staticmethod
+    def _prepare(request: dict[str, Any]) -> dict[str, Any]:
+        drivers = request["drivers"]
+        if drivers not in DRIVER_MODULES:
+            raise ValueError(f"drivers must be one of {DRIVER_MODULES}, got {drivers!r}")
+        importlib.import_module(f"{__package__}.{drivers}")
+        if request["torch"]:
+            import torch  # noqa: F401
+        exec(compile(request["setup"], "<setup>", "exec"), {"__name__": "__lab__"})
+        return {}
 
     def _load(self, request: dict[str, Any]) -> dict[str, Any]:
         setup, code = request["setup"], request["code"]

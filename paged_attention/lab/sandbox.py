@@ -38,6 +38,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -47,12 +48,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._triton_env import triton_interpreted
 from .checking import CheckFailed
 from .registry import Exercise
 from .student import Student, raised
 
 TIME_LIMIT = 300.0  # seconds per exercise, from the moment the child has started
-STARTUP_LIMIT = 120.0  # seconds for the child to start Python and import torch
+STARTUP_LIMIT = 120.0  # seconds for the child to start Python and import what the exercise needs
+#: An exercise whose setup or cell names torch gets it imported in the child's start-up, before the
+#: limits (as the exercise's own imports are); the others start without it (see :mod:`.child`).
+NAMES_TORCH = re.compile(r"\btorch\b")
 MEMORY_LIMIT = 2 << 30  # bytes of address space beyond the child's imports
 MAX_ANSWER = 64 << 20  # bytes of one answer
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds paged_attention/
@@ -183,7 +188,7 @@ class ChildStudent(Student):
             raise ValueError(f"time_limit must be a number of seconds in (0, 1e6), got {time_limit!r}")
         self.exercise = exercise
         self.time_limit, self.memory_limit = time_limit, memory_limit
-        self.deadline = time.monotonic() + STARTUP_LIMIT  # starting Python and importing torch
+        self.deadline = time.monotonic() + STARTUP_LIMIT  # starting Python and the exercise's imports
         self.confined = False
         self._number = 0
         self._closed = False
@@ -206,6 +211,8 @@ class ChildStudent(Student):
         env.update(
             PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT), *_absolute(env.get("PYTHONPATH", ""))]),
             OMP_NUM_THREADS="1",
+            # this process's choice, handed down: the child need not import torch to make it again
+            TRITON_INTERPRET="1" if triton_interpreted() else "0",
             PYTHONDONTWRITEBYTECODE="1",
             PYTHONNOUSERSITE="1",
             HOME=self._tmp.name,
@@ -240,7 +247,10 @@ class ChildStudent(Student):
             os.close(answers_write)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._answers, selectors.EVENT_READ)
-        hello = self._exchange({"op": "hello"}, "starting the grader's child process")
+        torch = bool(NAMES_TORCH.search(exercise.setup + code))
+        drivers, setup = exercise.checker.partition(":")[0], exercise.setup  # imported in the start-up time
+        hello = {"op": "hello", "drivers": drivers, "setup": setup, "torch": torch}
+        hello = self._exchange(hello, "starting the grader's child process")
         self.confined = bool(hello.get("confined"))
         self.deadline = time.monotonic() + self.time_limit  # the student's time starts here
         reply = self._exchange(

@@ -35,7 +35,7 @@ def resolve_dtype(
     ``"float32"`` (``"float"``), ``"float16"`` (``"half"``), ``"bfloat16"``, or the matching
     ``torch.dtype``.
     """
-    allowed = sorted(set(DTYPE_NAMES.values()), key=str)
+    allowed = {getattr(torch, name) for name in DTYPE_NAMES.values()}
     if dtype is None or (isinstance(dtype, str) and dtype.lower() == "auto"):
         if device.type == "cpu":
             return torch.float32 if config is None else choose_cpu_dtype(config).dtype
@@ -43,7 +43,7 @@ def resolve_dtype(
         return stored if stored in (torch.float16, torch.bfloat16) else torch.float32
     if isinstance(dtype, str):
         if dtype.lower() in DTYPE_NAMES:
-            return DTYPE_NAMES[dtype.lower()]
+            return getattr(torch, DTYPE_NAMES[dtype.lower()])
     elif isinstance(dtype, torch.dtype):
         if dtype in allowed:
             return dtype

@@ -10,10 +10,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ...memory.page_table import BlockCopy
-from ..sample.logprobs import Logprob
 from ..sequence import Sequence
+
+if TYPE_CHECKING:  # annotations only: the scheduler's bookkeeping imports no torch
+    from ..sample.logprobs import Logprob
 
 
 @dataclass(frozen=True)
