@@ -5,7 +5,9 @@ and still runs top to bottom with no error but the expected ones."""
 from __future__ import annotations
 
 import json
+import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -125,23 +127,32 @@ def test_no_other_cell_reads_what_an_exercise_defines(student: Path, path: Path)
             )
 
 
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[dict]:
+    """The kernel the student runs share (``{"owner": client}`` once one has started it), shut down
+    after the last. Each run starts with ``%reset -f``: a notebook sees none of the names an earlier
+    one defined, only the modules it imported (already loaded: starting a kernel and importing the
+    package and transformers cost 5-7 s a notebook). A run that raises shuts it down, so the next
+    starts a fresh one."""
+    shared: dict = {}
+    yield shared
+    if shared.get("owner") is not None:
+        shared["owner"]._cleanup_kernel()
+
+
 @pytest.mark.parametrize("path", WITH_EXERCISES, ids=lambda p: p.name)
-def test_the_student_notebook_runs_top_to_bottom(
-    student: Path, path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_student_notebook_runs_top_to_bottom(student: Path, path: Path, kernel: dict) -> None:
     """Only the exercise and check cells (tagged ``raises-exception``) may fail; every other cell
     must run, so a student can "Run All" before finishing anything.
 
     The run stops after the last exercise or check cell: no later cell reads what an exercise
     defines (:func:`test_no_other_cell_reads_what_an_exercise_defines`), so the rest runs as in
-    the instructor copy, which nbval runs whole. The kernel runs torch on one thread: this run
-    checks that cells run, not how fast, and on a two-core machine beside another busy process two
-    OpenMP threads spin-wait (DESIGN.md); 08's student run took 272 s so and 47 s on one thread,
-    on the same loaded machine."""
+    the instructor copy, which nbval runs whole, each notebook in a fresh kernel (these runs share
+    one: :func:`kernel`). The kernel runs torch on one thread: this run checks that cells run, not
+    how fast, and on a two-core machine beside another busy process two OpenMP threads spin-wait
+    (DESIGN.md); 08's student run took 272 s so and 47 s on one thread, on the same loaded machine."""
     nbformat = pytest.importorskip("nbformat")
     from nbclient import NotebookClient
-
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the kernel inherits it
 
     nb = nbformat.read(student / path.name, as_version=4)
     allowed = [
@@ -153,8 +164,21 @@ def test_the_student_notebook_runs_top_to_bottom(
         index = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
         source_text = "\n".join(f"{key} = {value!r}" for key, value in overrides.items())
         nb.cells.insert(index + 1, nbformat.v4.new_code_cell(source_text))
+    nb.cells.insert(0, nbformat.v4.new_code_cell("%reset -f"))  # nothing of the notebook before
     resources = {"metadata": {"path": str(path.parent)}}
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources=resources).execute()
+    owner = kernel.get("owner")
+    client = NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources=resources, km=owner and owner.km,
+        shutdown_kernel="immediate",
+    )  # fmt: skip
+    client.kc = owner and owner.kc
+    try:
+        client.execute(cleanup_kc=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    except BaseException:
+        (owner or client)._cleanup_kernel()
+        kernel.pop("owner", None)
+        raise
+    kernel.setdefault("owner", client)
     cells = list(enumerate(nb.cells))
     failed = {
         source(c) for i, c in cells if any(o.get("output_type") == "error" for o in c.get("outputs", []))
