@@ -1,8 +1,10 @@
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import GPT2Config, LlamaConfig, OPTConfig
 
-from paged_attention.engine.worker.kv_cache import KVCache, KVCacheSpec, kv_bytes_per_token
+from paged_attention.engine.worker.kv_cache import KVCache, KVCacheSpec, kv_bytes_per_token, zeroed
 from paged_attention.kernels.reference import store_kv
 from paged_attention.memory.page_table import BlockCopy
 
@@ -112,3 +114,25 @@ def test_cache_store_and_copy_blocks_across_layers():
     cache.copy_blocks([])  # nothing to do
     with pytest.raises(ValueError, match="block copy -1 -> 3 is out of range"):
         cache.copy_blocks([BlockCopy(src=-1, dst=3)])
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.float8_e4m3fn])
+def test_a_cpu_cache_is_zeros_that_take_memory_only_where_written(dtype: torch.dtype) -> None:
+    """256 MiB of cache: zeros, page-aligned, and the process's resident memory grows by the pages
+    written, not by the cache's size (torch.zeros would write all of it up front)."""
+    shape = (4, 2, 1024, 16, 4, 64 * 4 // dtype.itemsize)  # 256 MiB in every dtype
+    before = _rss()
+    cache = zeroed(shape, dtype, "cpu")
+    assert cache.shape == shape and cache.dtype == dtype and cache.is_contiguous()
+    assert cache.data_ptr() % 4096 == 0
+    cache[0, 0, 7] = torch.ones(16, 4, shape[-1]).to(dtype)  # one block's keys of one layer
+    assert _rss() - before < 32 << 20  # (checked before anything reads the rest)
+    written = cache.view(torch.uint8).view(-1, dtype.itemsize).any(-1).sum()  # elements not all-zero bytes
+    assert written == 16 * 4 * shape[-1]
