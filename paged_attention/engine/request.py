@@ -18,7 +18,6 @@ their own generators.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -146,7 +145,7 @@ class Request:
     def begin(self) -> None:
         """Keep the list of sequences (it may grow or be replaced), the metrics, and begin every
         sequence; a subclass adds its own state."""
-        self._saved = (self.seqs, len(self.seqs), copy.copy(self.metrics))
+        self._saved = (self.seqs, len(self.seqs), self.metrics.copy())
         for seq in self.seqs:
             seq.begin()
 

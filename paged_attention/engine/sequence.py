@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from .params import SamplingParams
@@ -91,6 +92,7 @@ class Sequence:
     APPEND_ONLY = ("output_token_ids", "block_hashes", "logprobs", "prompt_logprobs")
     FIXED = ("seq_id", "request_id", "prompt_token_ids", "params", "arrival_time", "sample_index",
              "generator", "cache_salt", "group_id", "grammar")  # fmt: skip
+    _MUTABLE_OF, _LISTS_OF = itemgetter(*MUTABLE), itemgetter(*APPEND_ONLY)  # one C call each, per step
 
     def __post_init__(self) -> None:
         self._saved = None  # an attribute of its own from the start (the class default is not)
@@ -152,8 +154,9 @@ class Sequence:
 
     # -- a step is a transaction (:mod:`.transaction`): O(1), whatever the sequence holds ---------
     def begin(self) -> None:
-        lists = tuple((lst := getattr(self, name), len(lst)) for name in self.APPEND_ONLY)
-        self._saved = (tuple(getattr(self, name) for name in self.MUTABLE), lists)
+        fields = self.__dict__  # (every name above is a field: the rollback test walks them all)
+        lists = self._LISTS_OF(fields)
+        self._saved = (self._MUTABLE_OF(fields), lists, tuple(map(len, lists)))
         if self.grammar is not None:
             self.grammar.begin()
 
@@ -165,10 +168,9 @@ class Sequence:
     def rollback(self) -> None:
         if self._saved is None:
             return  # made during the step: its request forgets it
-        values, lists = self._saved
-        for name, value in zip(self.MUTABLE, values, strict=True):
-            setattr(self, name, value)
-        for name, (lst, length) in zip(self.APPEND_ONLY, lists, strict=True):
+        values, lists, lengths = self._saved
+        self.__dict__.update(zip(self.MUTABLE, values, strict=True))
+        for name, lst, length in zip(self.APPEND_ONLY, lists, lengths, strict=True):
             del lst[length:]
             setattr(self, name, lst)  # (a fork gives a child a new list: the old one comes back)
         if self.grammar is not None:
