@@ -46,6 +46,22 @@ def test_pruned_draw_equals_the_draw_over_the_whole_vocabulary(rows, vocab, spre
     assert gumbel_argmax(x, seeds).tolist() == want.tolist()
 
 
+def test_hashing_every_token_a_few_rows_at_a_time_draws_the_same(monkeypatch) -> None:
+    """Where most tokens can win, the noise is hashed for whole rows, as many at once as
+    ``DENSE_CHUNK`` scores allow: one row at a time, or three, gives the same tokens."""
+    from paged_attention.engine.sample import gumbel
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(10, 50, generator=g)
+    x[3] = float("-inf")
+    seeds = torch.randint(0, 2**31, (10,), generator=g)
+    want = gumbel_argmax(x, seeds).tolist()
+    for chunk in (1, 150):  # one row at a time (50 tokens a row), then three
+        monkeypatch.setattr(gumbel, "DENSE_CHUNK", chunk)
+        assert gumbel_argmax(x, seeds).tolist() == want
+    assert want[3] == 0
+
+
 def test_noise_is_standard_gumbel_and_within_its_bounds() -> None:
     g = noise(torch.tensor([[987654321]]), torch.arange(200_000).unsqueeze(0)).flatten()
     assert float(g.min()) >= G_MIN and float(g.max()) < G_MAX

@@ -34,6 +34,8 @@ SEED_HIGH = 2**31  # each draw's seed is in [0, SEED_HIGH)
 #: Bounds on the noise: the least ``g`` (``u = 2**-54``) and a bound above every finite one.
 G_MIN = -math.log(-math.log(0.5 * 2.0**-53))
 G_MAX = 37.5
+#: Scores hashed at once where most tokens can win (rows x vocabulary; 8 MiB of float64).
+DENSE_CHUNK = 1 << 20
 
 
 _MIX1_U, _MIX2_U, _GAMMA_U = np.uint64(_MIX1), np.uint64(_MIX2), np.uint64(GAMMA)
@@ -74,12 +76,13 @@ def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
     # Only tokens that could beat the largest logit's least possible score are candidates.
     candidate = (x >= best - (G_MAX - G_MIN)) & (x > float("-inf"))
     out = torch.zeros(rows_count, dtype=torch.int64)
-    if int(candidate.sum()) * 4 > x.numel():  # most tokens can win: hash them all, row by row
-        ids = torch.arange(vocab)
-        for r in range(rows_count):
-            if bool(candidate[r].any()):
-                score = x[r] + noise(seeds[r : r + 1], ids)
-                out[r] = int(score.masked_fill_(~candidate[r], float("-inf")).argmax())
+    if int(candidate.sum()) * 4 > x.numel():  # most tokens can win: hash them all, rows at a time
+        ids, rows_at_once = torch.arange(vocab), max(1, DENSE_CHUNK // vocab)
+        for start in range(0, rows_count, rows_at_once):
+            part = slice(start, start + rows_at_once)
+            score = x[part] + noise(seeds[part, None], ids)
+            # the first index of the largest score (torch's argmax); a row of only -inf gives 0
+            out[part] = score.masked_fill_(~candidate[part], float("-inf")).argmax(dim=1)
         return out
     rows, ids = candidate.nonzero(as_tuple=True)  # row-major: ids ascend within a row
     if rows.numel():
