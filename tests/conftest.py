@@ -69,33 +69,33 @@ def pytest_runtest_call(item):
         )
 
 
-#: Seconds each of the slowest files takes on one core (measured 2026-12-06, an Ice Lake Xeon, two
+#: Seconds each of the slowest files takes on one core (measured 2026-12-07, an Ice Lake Xeon, two
 #: workers): ``make test`` runs them first.
 #: With two workers that each take a whole file (``--dist loadfile``: a notebook's cells share one
 #: kernel), starting with the longest leaves no long file to run alone at the end.
 SLOWEST_FIRST = {
-    "tests/test_lab_notebooks.py": 165,
-    "tests/test_lab_sandbox.py": 95,
-    "notebooks/07_throughput.ipynb": 90,
-    "tests/test_notebook_variants.py": 83,
-    "notebooks/09_serving.ipynb": 75,
-    "tests/test_lab.py": 65,
-    "tests/test_engine_core.py": 58,
-    "notebooks/06_fragmentation.ipynb": 55,
-    "notebooks/10_speculative_decoding.ipynb": 55,
-    "tests/test_kernels.py": 55,
-    "tests/test_speculative.py": 55,
-    "tests/test_vllm_examples.py": 55,
-    "tests/test_smollm2.py": 48,
-    "tests/test_serving.py": 38,
-    "notebooks/08_sharing.ipynb": 37,
-    "notebooks/11_quantized_pages.ipynb": 36,
-    "notebooks/05_engine.ipynb": 35,
-    "tests/test_gpu_compile.py": 34,  # (without a Triton cache, as on a fresh machine)
-    "tests/test_lm_eval.py": 30,
-    "tests/test_rollback_state.py": 30,
-    "notebooks/12_structured_outputs.ipynb": 27,
-    "tests/test_quantized_engine.py": 17,
+    "notebooks/07_throughput.ipynb": 118,
+    "tests/test_lab_notebooks.py": 96,
+    "tests/test_kernels.py": 92,
+    "notebooks/09_serving.ipynb": 89,
+    "notebooks/06_fragmentation.ipynb": 70,
+    "tests/test_engine_core.py": 66,
+    "tests/test_smollm2.py": 60,
+    "tests/test_speculative.py": 60,
+    "tests/test_vllm_examples.py": 57,
+    "notebooks/10_speculative_decoding.ipynb": 56,
+    "notebooks/08_sharing.ipynb": 51,
+    "tests/test_lab.py": 49,
+    "tests/test_serving.py": 45,
+    "notebooks/05_engine.ipynb": 42,
+    "notebooks/11_quantized_pages.ipynb": 40,
+    "tests/test_lab_sandbox.py": 40,
+    "tests/test_rollback_state.py": 38,
+    "notebooks/12_structured_outputs.ipynb": 35,
+    "tests/test_engine.py": 34,
+    "tests/test_lab_browser.py": 33,
+    "tests/test_lm_eval.py": 26,
+    "tests/test_cli.py": 22,
 }
 
 
