@@ -132,8 +132,10 @@ def kernel() -> Iterator[dict]:
     """The kernel the student runs share (``{"owner": client}`` once one has started it), shut down
     after the last. Each run starts with ``%reset -f``: a notebook sees none of the names an earlier
     one defined, only the modules it imported (already loaded: starting a kernel and importing the
-    package and transformers cost 5-7 s a notebook). A run that raises shuts it down, so the next
-    starts a fresh one."""
+    package and transformers cost 5-7 s a notebook). The process's other state carries over
+    (environment variables, torch's threads and random state, Triton's mode): what a fresh kernel
+    alone would catch, such as notebook 03's import order, nbval catches on the instructor copies.
+    A run that raises shuts the kernel down, so the next starts a fresh one."""
     shared: dict = {}
     yield shared
     if shared.get("owner") is not None:

@@ -9,7 +9,8 @@ line, carrying the request's ``number``, to ``ANSWERS`` (see :mod:`.sandbox`, th
   student code runs;
 * ``load``: runs the exercise's imports and then the cell's code, limited from then on to ``TIME``
   seconds of CPU and ``MEMORY`` bytes of address space beyond the imports (not where CUDA is
-  available, whose context reserves far more than it uses); answers ``{}``, or
+  available, whose context reserves far more than it uses: torch says so where it is loaded, an
+  NVIDIA device node where not); answers ``{}``, or
   ``{"missing": [names]}``, ``{"unfinished": message}``, ``{"raised": error}``, ``{"exited": code}``;
 * ``call``: runs a driver (:mod:`.student`) on the cell's objects; answers ``{"value": result}`` or
   one of the above.
@@ -55,10 +56,10 @@ def _limit(seconds: float, memory: int) -> None:
     cpu = int(seconds) + 5
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
     resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))
-    # Not where CUDA is available: its context reserves far more address space than it uses. Torch is
-    # loaded by now wherever the exercise or the cell names it (hello); a cell that has none needs no CUDA.
+    # Not where CUDA is available: its context reserves far more address space than it uses. Where torch
+    # is not loaded (the cell names none), an NVIDIA device node is what could make one.
     torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available():
+    if not (torch.cuda.is_available() if torch is not None else os.path.exists("/dev/nvidiactl")):
         space = _address_space() + memory
         resource.setrlimit(resource.RLIMIT_AS, (space, space))
 

@@ -48,7 +48,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._triton_env import triton_interpreted
 from .checking import CheckFailed
 from .registry import Exercise
 from .student import Student, raised
@@ -207,12 +206,10 @@ class ChildStudent(Student):
     def _start(self, exercise: Exercise, code: str) -> None:
         requests_read, self._requests = os.pipe()
         self._answers, answers_write = os.pipe()
-        env = dict(os.environ)
+        env = dict(os.environ)  # with TRITON_INTERPRET where this process set it: the child needs no torch
         env.update(
             PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT), *_absolute(env.get("PYTHONPATH", ""))]),
             OMP_NUM_THREADS="1",
-            # this process's choice, handed down: the child need not import torch to make it again
-            TRITON_INTERPRET="1" if triton_interpreted() else "0",
             PYTHONDONTWRITEBYTECODE="1",
             PYTHONNOUSERSITE="1",
             HOME=self._tmp.name,

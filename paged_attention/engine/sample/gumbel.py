@@ -34,7 +34,7 @@ SEED_HIGH = 2**31  # each draw's seed is in [0, SEED_HIGH)
 #: Bounds on the noise: the least ``g`` (``u = 2**-54``) and a bound above every finite one.
 G_MIN = -math.log(-math.log(0.5 * 2.0**-53))
 G_MAX = 37.5
-#: Scores hashed at once where most tokens can win (rows x vocabulary; 8 MiB of float64).
+#: Scores hashed at once where most tokens can win (rows x vocabulary; a few float64 arrays of 8 MiB).
 DENSE_CHUNK = 1 << 20
 
 

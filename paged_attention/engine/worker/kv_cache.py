@@ -168,15 +168,17 @@ def check_calibration(calculate_kv_scales: object, dtype: torch.dtype) -> bool:
 
 
 def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """A tensor of zeros. On a CPU it lives in an anonymous memory mapping, which the operating system
-    fills with zero pages as they are first written: the cache costs nothing to set up (``torch.zeros``
-    writes every byte: ~150 ms for the default 512 MiB here), and only the pages its blocks have
-    held count against the machine's memory, paging under PagedAttention's paging. Page-aligned, so
-    every row starts where the kernels' vector loads expect it. On CUDA, ``torch.zeros``."""
-    if torch.device(device).type != "cpu":
+    """A tensor of zeros. On a CPU it lives in a private anonymous memory mapping: the operating
+    system gives each page as zeros when it is first written (a read sees its shared zero page), so
+    the cache costs nothing to set up (``torch.zeros`` writes every byte: ~150 ms for the default
+    512 MiB here) and takes the machine's memory page by page as blocks are written: the operating
+    system's own paging under the cache's. The price: a cache larger than the memory left fails
+    when its blocks fill (the kernel's out-of-memory killer), not when it is made; the engine checks
+    the size against the memory available first (:func:`check_kv_fits`). On CUDA, ``torch.zeros``."""
+    if torch.device(device).type != "cpu" or not hasattr(mmap, "MAP_PRIVATE"):
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    mapping = mmap.mmap(-1, nbytes)  # freed (unmapped) with the last tensor viewing it
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # unmapped with the last tensor viewing it
     return torch.frombuffer(mapping, dtype=torch.uint8).view(dtype).view(shape)
 
 
