@@ -93,10 +93,10 @@ SLOWEST_FIRST = {
     "tests/test_rollback_state.py": 38,
     "notebooks/12_structured_outputs.ipynb": 35,
     "tests/test_engine.py": 34,
+    "tests/test_gpu_compile.py": 34,  # (without a Triton cache, as on a fresh machine; ~3 s with one)
     "tests/test_lab_browser.py": 33,
     "tests/test_lm_eval.py": 26,
     "tests/test_cli.py": 22,
-    "tests/test_gpu_compile.py": 34,  # (without a Triton cache, as on a fresh machine; ~3 s with one)
 }
 
 

@@ -244,10 +244,12 @@ class ChildStudent(Student):
             os.close(answers_write)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._answers, selectors.EVENT_READ)
-        torch = bool(NAMES_TORCH.search(exercise.setup + code))
-        drivers, setup = exercise.checker.partition(":")[0], exercise.setup  # imported in the start-up time
-        hello = {"op": "hello", "drivers": drivers, "setup": setup, "torch": torch}
-        hello = self._exchange(hello, "starting the grader's child process")
+        needs = {  # imported by the child in its start-up time, not the student's
+            "drivers": exercise.checker.partition(":")[0],
+            "setup": exercise.setup,
+            "torch": bool(NAMES_TORCH.search(exercise.setup + code)),
+        }
+        hello = self._exchange({"op": "hello", **needs}, "starting the grader's child process")
         self.confined = bool(hello.get("confined"))
         self.deadline = time.monotonic() + self.time_limit  # the student's time starts here
         reply = self._exchange(

@@ -177,7 +177,7 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | st
     the size against the memory available first (:func:`check_kv_fits`). On CUDA, ``torch.zeros``."""
     if torch.device(device).type != "cpu" or not hasattr(mmap, "MAP_PRIVATE"):
         return torch.zeros(shape, dtype=dtype, device=device)
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # unmapped with the last tensor viewing it
     return torch.frombuffer(mapping, dtype=torch.uint8).view(dtype).view(shape)
 
