@@ -31,6 +31,7 @@ _PUBLIC = {
     "BeamSearchParams": "sample.sampling",
     "RequestOutputKind": "sample.sampling",
     "StructuredOutputsParams": "structured_output.params",
+    "explain_dtype": "worker.tuning",  # models.explain_dtype, with the engine's bfloat16 loops registered
 }
 
 
@@ -61,4 +62,5 @@ __all__ = [
     "TokensPrompt",
     "Vector",
     "cleanup_dist_env_and_memory",
+    "explain_dtype",
 ]

@@ -147,3 +147,15 @@ def test_the_switch_is_vllms_environment_variable(monkeypatch: pytest.MonkeyPatc
         invariant.requested("1")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="rows must be a positive int"), invariant.batch_invariant(0):
         pass
+
+
+def test_serve_takes_the_switch_as_a_flag_or_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve --batch-invariant`` turns the mode on; without the flag, vLLM's variable decides."""
+    from paged_attention.cli.serve import build_engine, parser
+
+    args = ["--model", "tiny", "--num-kv-blocks", "8"]
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    assert build_engine(parser().parse_args([*args, "--batch-invariant"])).runner.batch_invariant
+    assert not build_engine(parser().parse_args(args)).runner.batch_invariant
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    assert build_engine(parser().parse_args(args)).runner.batch_invariant

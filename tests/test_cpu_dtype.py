@@ -149,6 +149,28 @@ def test_without_bfloat16_arithmetic_auto_times_the_loops_the_engine_registered(
         cpu_dtype.multiply_bfloat16_with("Streamed")  # a name, not what makes one
 
 
+def test_the_answer_names_what_it_timed_and_the_top_level_one_is_the_engines(monkeypatch, tmp_path):
+    """Timed through oneDNN (no loops registered: the model outside the engine), the reason says so;
+    ``paged_attention.explain_dtype`` imports the engine first, which registers its loops where it
+    has them, so it answers for ``LLM(...)`` (in a fresh process: this one has the engine loaded)."""
+    monkeypatch.setenv("PAGED_ATTENTION_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_dtype, "native_bfloat16", lambda: True)
+    monkeypatch.setattr(cpu_dtype, "_row_kernel", None)
+    monkeypatch.setattr(cpu_dtype, "_chosen", {})
+    monkeypatch.setattr(cpu_dtype, "measure_speedups", lambda h, i, kernel: {1: 0.9, 16: 0.5})
+    choice = choose_cpu_dtype(SMOLLM2_LIKE)
+    assert choice.dtype == torch.float32 and choice.reason.endswith("through oneDNN's packed product")
+    code = (
+        "import paged_attention\n"
+        "from paged_attention.models import cpu_dtype, explain_dtype\n"
+        "assert cpu_dtype._row_kernel is None  # the models layer alone registers nothing\n"
+        "assert paged_attention.explain_dtype is explain_dtype\n"
+        "assert cpu_dtype._row_kernel is not None  # importing it loaded the engine's registration\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
 @pytest.mark.skipif(not cpu_dtype.native_bfloat16(), reason="this CPU has no native bfloat16")
 def test_a_cpu_forced_to_emulate_bfloat16_measures_it_slower_and_auto_keeps_float32(tmp_path):
     """The real thing, not a stub: oneDNN capped at AVX2 (``ONEDNN_MAX_CPU_ISA``) has no bfloat16

@@ -80,6 +80,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-enable-prefix-caching", action="store_true")
     p.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        default=None,
+        help="each token's logits independent of what shares its step (default: vLLM's switch, "
+        "$VLLM_BATCH_INVARIANT)",
+    )
+    p.add_argument(
         "--chat-template",
         default=None,
         help="a Jinja file replacing the model's template, or a shipped one by name: chatml-tools (SmolLM2's "

@@ -40,6 +40,7 @@ def build_engine(opts: argparse.Namespace) -> LLMEngine:
         compilation_config=getattr(opts, "compilation_config", None),
         kv_cache_dtype=getattr(opts, "kv_cache_dtype", "auto"),
         calculate_kv_scales=getattr(opts, "calculate_kv_scales", False),
+        batch_invariant=getattr(opts, "batch_invariant", None),
     )
 
 

@@ -135,7 +135,8 @@ def choose_cpu_dtype(config: object, measure: Measure | None = None) -> CpuDtype
                 speedups = {r: sorted(run[r] for run in runs)[1] for r in speedups}
             if not _close(speedups):
                 _store(key, speedups)
-        _chosen[key] = _decide(speedups, "the engine's loops" if kernel is not None else "")
+        through = "the engine's loops" if kernel is not None else "oneDNN's packed product"
+        _chosen[key] = _decide(speedups, through)
     return _chosen[key]
 
 

@@ -61,7 +61,10 @@ def explain_dtype(
     """The dtype ``model`` is served in with this ``dtype`` on ``device``, and why, in words: the
     model-load line the commands print, e.g. ``"bfloat16 (auto: its bfloat16 matmul is faster
     here: ...)"`` or ``"float32 (asked for)"``. A model object is served in its own dtype unless
-    one is asked for."""
+    one is asked for. On a CPU whose bfloat16 the engine multiplies in its own loops, the answer is
+    the engine's once the engine is imported (it registers them: :func:`.cpu_dtype.multiply_bfloat16_with`);
+    before, the probe times oneDNN's product, what the model runs on outside the engine, and says
+    so. ``paged_attention.explain_dtype`` is this function with the engine imported."""
     from transformers import AutoConfig, PreTrainedModel
 
     dev = _resolve_device(device)

@@ -51,6 +51,7 @@ from ...kernels.rows import Streamed
 from ...models import cpu_dtype, machine_cache
 from ...models.merged_projections import MergedProduct, product_owners
 from ...models.packed_linear import PACKED_DTYPES, PackedLinear, RowKernel
+from ...models.resolve import explain_dtype  # noqa: F401  (re-exported as paged_attention.explain_dtype)
 
 MARGIN = 1.05  #: a row kernel is kept for a row count where it is at least this many times faster
 CLOSE = 1.15  #: a ratio within this factor of the margin is measured again
