@@ -150,7 +150,8 @@ def test_the_switch_is_vllms_environment_variable(monkeypatch: pytest.MonkeyPatc
 
 
 def test_serve_takes_the_switch_as_a_flag_or_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``serve --batch-invariant`` turns the mode on; without the flag, vLLM's variable decides."""
+    """``serve --batch-invariant`` turns the mode on, ``--no-batch-invariant`` off; without either,
+    vLLM's variable decides."""
     from paged_attention.cli.serve import build_engine, parser
 
     args = ["--model", "tiny", "--num-kv-blocks", "8"]
@@ -159,3 +160,4 @@ def test_serve_takes_the_switch_as_a_flag_or_from_the_environment(monkeypatch: p
     assert not build_engine(parser().parse_args(args)).runner.batch_invariant
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
     assert build_engine(parser().parse_args(args)).runner.batch_invariant
+    assert not build_engine(parser().parse_args([*args, "--no-batch-invariant"])).runner.batch_invariant

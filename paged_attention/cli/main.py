@@ -1,7 +1,8 @@
 """Command line: ``python -m paged_attention <command>`` (demo, generate, chat, bench, compat, ...).
 
 * ``demo``: the main job: real prompts on SmolLM2 under one KV budget, paged vs contiguous, side by side
-  (``--model tiny``: the embedded random model, in seconds).
+  (``--model tiny``: the older demo, the paged engine alone under memory pressure on the embedded
+  random model, in seconds).
 * ``generate``: stream one completion from a model (``--model`` folder or cached hub name).
 * ``walkthrough``: paged KV memory step by step (allocator, page tables, fork, copy-on-write).
 * ``bench <name>``: benchmarks (``allocator``, ``kernel``, ``engine``) and the paper's experiments
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m paged_attention", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="paged vs contiguous KV memory on the real model (or --model tiny)")
+    demo = sub.add_parser("demo", help="paged vs contiguous KV memory on SmolLM2 (--model tiny: paged alone)")
     demo.add_argument("--model", default="smollm2", help="smollm2 (default), or tiny: the embedded model")
     demo.add_argument("--requests", type=int, default=None, help="default: 16 (smollm2), 48 (tiny)")
     demo.add_argument("--num-kv-blocks", type=int, default=None, help="default: 64 (smollm2), 96 (tiny)")

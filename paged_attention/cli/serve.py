@@ -81,7 +81,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-enable-prefix-caching", action="store_true")
     p.add_argument(
         "--batch-invariant",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
         help="each token's logits independent of what shares its step (default: vLLM's switch, "
         "$VLLM_BATCH_INVARIANT)",

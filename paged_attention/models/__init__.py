@@ -9,8 +9,8 @@
     packed_linear  bfloat16 linear layers with weights packed once for oneDNN (the engine packs them)
     merged_projections  Q/K/V and gate/up as one product each (the engine merges them)
 
-The engine imports only :func:`resolve_model`, :func:`eos_token_ids`, :func:`serving_length` and
-:func:`.packed_linear.pack_linear_layers` and :func:`.merged_projections.merge_projections`
+The engine imports what loads, packs and merges a model, the ``auto`` dtype's probe (which its
+bfloat16 loops register with) and :func:`explain_dtype` (re-exported as ``paged_attention.explain_dtype``)
 from here; fetching, verifying and converting checkpoints is for ``make install`` and the commands.
 """
 

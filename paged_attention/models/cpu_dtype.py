@@ -136,6 +136,7 @@ def choose_cpu_dtype(config: object, measure: Measure | None = None) -> CpuDtype
             if not _close(speedups):
                 _store(key, speedups)
         through = "the engine's loops" if kernel is not None else "oneDNN's packed product"
+        through = through if kernel is not None or packing_available() else "F.linear"
         _chosen[key] = _decide(speedups, through)
     return _chosen[key]
 
