@@ -158,8 +158,11 @@ def test_the_answer_names_what_it_timed_and_the_top_level_one_is_the_engines(mon
     monkeypatch.setattr(cpu_dtype, "_row_kernel", None)
     monkeypatch.setattr(cpu_dtype, "_chosen", {})
     monkeypatch.setattr(cpu_dtype, "measure_speedups", lambda h, i, kernel: {1: 0.9, 16: 0.5})
-    choice = choose_cpu_dtype(SMOLLM2_LIKE)
-    assert choice.dtype == torch.float32 and choice.reason.endswith("through oneDNN's packed product")
+    for packing, timed in ((True, "oneDNN's packed product"), (False, "F.linear")):
+        monkeypatch.setattr(cpu_dtype, "packing_available", lambda packing=packing: packing)
+        monkeypatch.setattr(cpu_dtype, "_chosen", {})
+        choice = choose_cpu_dtype(SMOLLM2_LIKE)
+        assert choice.dtype == torch.float32 and choice.reason.endswith(f"through {timed}")
     code = (
         "import paged_attention\n"
         "from paged_attention.models import cpu_dtype, explain_dtype\n"
