@@ -8,6 +8,7 @@ engine must fall back to the eager operations when compiling is unavailable.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -228,6 +229,28 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it() -> None:
             for r in range(rows.LINEAR_ROWS):
                 assert torch.equal(rows.linear_rows(x[r : r + 1], weight, b)[0], together[r])
                 assert torch.equal(rows.linear_rows(x[: r + 1], weight, b), together[: r + 1])
+
+
+def test_the_grouped_copy_holds_each_weight_once_and_gives_the_weights_own_bits() -> None:
+    """Streamed reads a copy of the weight laid out as the loop reads it (one stream): value
+    ``[n, k]`` of the whole part at ``[n // 4, k // 32, n % 4, k % 32]``; for 1-4 rows and every
+    tail (K % 32, N % 4, N below one group) the bits of the loop reading the weight itself."""
+    g = torch.Generator().manual_seed(5)
+    for out_features, in_features in [(7, 33), (64, 576), (13, 1536), (3, 40)]:
+        weight = torch.randn(out_features, in_features, generator=g).bfloat16()
+        b = torch.randn(out_features, generator=g).bfloat16()
+        kernel = rows.Streamed()
+        prepared = kernel.prepare(weight, b, None)
+        grouped, bits = prepared.grouped, weight.view(torch.int16).numpy()
+        n4, whole = out_features // 4 * 4, in_features // 32 * 32
+        assert grouped.size == n4 * whole and grouped.dtype == prepared.weight_bits.dtype
+        n, k = np.meshgrid(np.arange(n4), np.arange(whole), indexing="ij")
+        at = ((n // 4 * (whole // 32) + k // 32) * 4 + n % 4) * 32 + k % 32
+        assert np.array_equal(grouped.view(np.int16)[at], bits[:n4, :whole])
+        x = torch.randn(rows.LINEAR_ROWS, in_features, generator=g).bfloat16()
+        with torch.inference_mode():
+            for r in range(1, rows.LINEAR_ROWS + 1):
+                assert torch.equal(kernel(x[:r], prepared, b), rows.linear_rows(x[:r], weight, b))
 
 
 def test_streamed_takes_any_layout_of_the_rows_and_the_bias_it_was_given() -> None:

@@ -162,10 +162,8 @@ def test_an_engine_widens_its_prompts_where_asked_and_keeps_its_tokens(monkeypat
     llm = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4, attention_backend="compiled")
     tokens = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
     assert calls and min(calls) > rows.LINEAR_ROWS
-    from paged_attention.kernels import loop_rows
-
     counting = rows._loop
-    monkeypatch.setattr(rows, "_loop", lambda wide: loop_rows.linear_rows_at)  # each row alone
+    monkeypatch.setattr(rows, "_loop", lambda wide: counting(False))  # each row alone
     alone = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4, attention_backend="compiled")
     assert alone.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == tokens
     monkeypatch.setattr(rows, "_loop", counting)

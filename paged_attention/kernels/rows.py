@@ -126,17 +126,20 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 class Streamable:
     """What :class:`Streamed` keeps for one weight: the tensors and their bits as NumPy views, made
     once, so that a product of a few rows costs the loop and little else (one product of
-    SmolLM2's decode step takes ~0.1 ms, and a step makes 121 of them)."""
+    SmolLM2's decode step takes ~0.1 ms, and a step makes 121 of them), and a copy of the weight
+    laid out as the loop reads it (its price: the weight's bytes once more)."""
 
     weight: Tensor  #: ``[N, K]`` bfloat16, contiguous
     bias: Tensor | None  #: ``[N]``, the bias the layer had when the weight was prepared
     weight_bits: np.ndarray  #: the weight as ``uint16``
     bias_bits: np.ndarray  #: the bias as ``uint16`` (length 0: none)
+    #: the weight's bits in the order the loop reads them (:func:`.loop_rows.group`): a copy
+    grouped: np.ndarray
 
 
 class Streamed:
     """:func:`linear_rows` as a row kernel of :mod:`..models.packed_linear`: for a contiguous
-    bfloat16 weight it keeps a :class:`Streamable` (views, no copy). It takes products of up to
+    bfloat16 weight it keeps a :class:`Streamable` (views, and the grouped copy). It takes products of up to
     ``rows`` rows (at most :data:`LINEAR_ROWS`; an engine lowers it where oneDNN measures faster)
     and, if ``wide`` (by default: where :func:`.widened.needed`, a CPU without bfloat16
     arithmetic), those of more than :data:`LINEAR_ROWS` rows too; there, from
@@ -164,8 +167,11 @@ class Streamed:
             return None
         if bias is not None and (bias.shape != (weight.shape[0],) or not _fits(weight, bias)):
             return None
+        from .loop_rows import group  # imported late: importing Numba costs half a second
+
         bias_bits = compiled.as_numpy(bias.contiguous()) if bias is not None else np.zeros(0, np.uint16)
-        return Streamable(weight, bias, compiled.as_numpy(weight), bias_bits)
+        bits = compiled.as_numpy(weight)
+        return Streamable(weight, bias, bits, bias_bits, group(bits))
 
     def __call__(self, x: Tensor, prepared: Streamable, bias: Tensor | None) -> Tensor | None:
         rows = _rows(x, prepared)
@@ -209,7 +215,7 @@ def _by_address(x: Tensor, rows: int, prepared: Streamable, wide: bool) -> Tenso
     x = x.contiguous()
     out = torch.empty((*x.shape[:-1], prepared.weight_bits.shape[0]), dtype=torch.bfloat16)
     try:  # (by address: both contiguous bfloat16, alive until the loop returns)
-        _loop(wide)(x.data_ptr(), rows, prepared.weight_bits, prepared.bias_bits, out.data_ptr())
+        _loop(wide)(x.data_ptr(), rows, prepared, out.data_ptr())
     except Exception as error:
         compiled.give_up(error)
         return None
@@ -225,11 +231,16 @@ def _same(bias: Tensor | None, kept: Tensor | None) -> bool:
 
 
 @functools.cache
-def _loop(wide: bool) -> Callable[..., None]:
-    """The loop by address: four rows at a time (:mod:`.widened`) or each row alone."""
+def _loop(wide: bool) -> Callable[[int, int, Streamable, int], None]:
+    """The loop by address, ``(x_address, rows, prepared, out_address)``: four rows at a time
+    (:mod:`.widened`, the weights in their own layout) or each row alone (the grouped copy)."""
     from . import loop_rows  # imported late: importing Numba costs half a second
 
-    return loop_rows.linear_quads_at if wide else loop_rows.linear_rows_at
+    if wide:
+        quads = loop_rows.linear_quads_at
+        return lambda x, rows, p, out: quads(x, rows, p.weight_bits, p.bias_bits, out)
+    alone = loop_rows.linear_rows_at
+    return lambda x, rows, p, out: alone(x, rows, p.weight_bits, p.grouped, p.bias_bits, out)
 
 
 #: A bfloat16 row kernel taking all it can (an engine makes its own, to lower its rows).

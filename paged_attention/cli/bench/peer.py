@@ -22,10 +22,14 @@ def main(args: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m paged_attention bench peer", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
-    parser.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"])
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument(
+        "--vllm-python", default=".venv-vllm/bin/python", help="the Python of vLLM's venv (make crosscheck's)"
+    )
+    parser.add_argument(
+        "--dtype", nargs="+", default=["bfloat16", "float32"], help="one row each (default bfloat16 float32)"
+    )
+    parser.add_argument("--requests", type=int, default=64, help="requests of the workload (default 64)")
+    parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default 128)")
     parser.add_argument(
         "--runs", type=int, default=2, help="alternating runs per engine and dtype (default 2)"
     )

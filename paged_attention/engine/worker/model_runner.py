@@ -254,7 +254,7 @@ class ModelRunner:
         #: Q/K/V and gate/up become one product each (:mod:`..models.merged_projections`), then the
         #: other linear layers on a CPU get their weights packed once (:mod:`..models.packed_linear`);
         #: with the compiled backend, products of a few rows stream the weights instead (a step of
-        #: one sequence is bound by reading them): bfloat16 ones straight from the weights
+        #: one sequence is bound by reading them): bfloat16 ones from a copy laid out as read
         #: (:mod:`..kernels.rows`), float32 ones from a tiled copy, in oneDNN's order of sums
         #: (:mod:`..kernels.tiled`), for the row counts where this machine measures them faster
         #: (:mod:`.tuning`; one float32 row may take MKL's ``F.linear`` instead); on a CPU without

@@ -3,8 +3,11 @@
 The compiled backend's products of a few rows (a step of one to four sequences) can go to oneDNN's
 packed product or to the engine's row kernel (bfloat16 weights streamed by
 :func:`..kernels.rows.linear_rows`, float32 ones from tiles summed in oneDNN's order,
-:mod:`..kernels.tiled`). Neither wins everywhere: on this project's 2-core AMD EPYC the row kernels
-read SmolLM2's weights at 1.3-1.7x oneDNN's pace at one row; on a 2-core Xeon with AMX the bfloat16
+:mod:`..kernels.tiled`). Neither wins everywhere: on this project's 2-core AMD EPYC (AVX512-BF16) a
+pass of the bfloat16 loop over SmolLM2's products took 13.6 ms at one row against oneDNN's 22.4,
+15.3 against 24.1 at two, 18.2 against 20.1 at three, 21.5 against 19.6 at four (since tuning
+version 6, the loop reading a copy of each weight laid out as it reads it: 21.6 against 21.8 at
+one row before, a tie); on a 2-core Xeon with AMX the bfloat16
 loop (in vector lanes since tuning version 3) took 30.3 ms a pass at one row against oneDNN's 34.2,
 and 35.4 against 33.7 at two rows (so: one row; these passes call each layer as the engine does,
 Python included, where :func:`..kernels.rows.linear_rows` quotes the loops alone). So the engine
@@ -55,7 +58,7 @@ from ...models.resolve import explain_dtype  # noqa: F401  (re-exported as paged
 
 MARGIN = 1.05  #: a row kernel is kept for a row count where it is at least this many times faster
 CLOSE = 1.15  #: a ratio within this factor of the margin is measured again
-VERSION = 5  #: part of the cache key: a change to the probes or the kernels measures again
+VERSION = 6  #: part of the cache key: a change to the probes or the kernels measures again
 CACHE_NAME = "tuning"
 SMALL_MODEL_BYTES = 64 << 20  #: weights up to this size are not measured (as in ``models.cpu_dtype``)
 
