@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from paged_attention import kernels
-from paged_attention.kernels import compiled, reference, tiles
+from paged_attention.kernels import compiled, per_layer, reference, tiles
 
 from .kernel_cases import TOLERANCE, make_paged_case, query_start_loc
 
@@ -164,9 +164,9 @@ def test_one_call_per_layer_on_the_tiles_stores_and_attends_as_the_two_calls_do(
     slots = torch.tensor(
         [int(tables[i, n // 16]) * 16 + n % 16 for i, n in enumerate(case.seq_lens.tolist())]
     )
-    step = compiled.DecodeStep.build(caches, slots, tables, lens)
+    step = per_layer.DecodeStep.build(caches, slots, tables, lens)
     assert step is not None
-    out = compiled.decode_layer(q, key, value, 1, step, 0.125)
+    out = per_layer.decode_layer(q, key, value, 1, step, 0.125)
     compiled.store_kv(key, value, case.key_cache, case.value_cache, slots)
     for stored, cache in zip(caches[1], (case.key_cache, case.value_cache), strict=True):
         assert torch.equal(stored.view(torch.int16), cache.view(torch.int16))  # bits: NaN outside

@@ -59,6 +59,30 @@ def test_compiled_decode_matches_sdpa_on_contiguous_tensors():
         torch.testing.assert_close(out[i], expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 80])
+def test_bfloat16_decode_takes_the_lanes_loop_where_its_head_dim_allows_and_matches_sdpa(
+    head_dim, monkeypatch
+):
+    """A bfloat16 cache whose head_dim is a multiple of 32 is decoded by kernels/loop_bf16.py (the
+    loop nest otherwise; on an AMX host, the tiles, switched off here): within bfloat16's tolerance
+    of SDPA on the contiguous K/V, GQA and partial blocks included."""
+    from paged_attention.kernels import loop_bf16
+
+    monkeypatch.setattr(tiles, "rows", lambda *a, **k: 0)
+    calls, lanes_decode = [], loop_bf16.decode
+    monkeypatch.setattr(loop_bf16, "decode", lambda *a: (calls.append(a[0].shape), lanes_decode(*a))[1])
+    case = make_paged_case([3, 40, 17, 1], 16, 3, head_dim, torch.bfloat16, seed=head_dim)
+    q = torch.randn(4, 9, head_dim).bfloat16()
+    out = kernels.paged_decode(q, case.key_cache, case.value_cache, case.block_tables, case.seq_lens,
+                               backend="compiled")  # fmt: skip
+    assert calls == ([(4, 9, head_dim)] if head_dim % 32 == 0 else [])
+    for i, (k, v) in enumerate(zip(case.keys, case.values, strict=True)):
+        expected = F.scaled_dot_product_attention(
+            q[i, :, None].float(), k.transpose(0, 1).float(), v.transpose(0, 1).float(), enable_gqa=True
+        )[:, 0]
+        torch.testing.assert_close(out[i].float(), expected, **TOLERANCE[torch.bfloat16])
+
+
 def test_sharp_and_flat_softmaxes_and_long_sequences_are_as_accurate_as_the_reference():
     """Scores hundreds apart (the running maximum changes block after block, and most weights
     underflow to zero) and scores all equal: against float64, the kernel's error is no larger than

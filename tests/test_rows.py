@@ -213,7 +213,7 @@ def test_every_loop_file_using_loop_nests_helpers_stamps_itself_on_import() -> N
         calls = [n.value for n in tree.body if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)]
         calls = [c for c in calls if getattr(c.func, "id", "") == "stamp"]
         assert [ast.unparse(c) for c in calls][:1] == ["stamp(Path(__file__))"], path.name
-    assert users == ["loop_amx.py", "loop_int8.py", "loop_rows.py"]
+    assert users == ["loop_amx.py", "loop_bf16.py", "loop_int8.py", "loop_rows.py"]
 
 
 def test_a_rows_bits_do_not_depend_on_the_rows_beside_it() -> None:

@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 
 from .._triton_env import triton_interpreted
-from . import compiled, quantization, reference
+from . import compiled, per_layer, quantization, reference
 from .quantization import StoreMap
 from .reference import GatherPlan
 from .validation import check_cache, check_scales, check_store_args, check_tables, default_scale
@@ -153,7 +153,7 @@ def decode_step(
     plan: GatherPlan,
     scales: torch.Tensor | None = None,
     store_map: StoreMap | None = None,
-) -> compiled.DecodeStep | None:
+) -> per_layer.DecodeStep | None:
     """A CPU decode step for :func:`decode_layer`, made once per step: ``caches`` every layer's keys
     and values, ``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`` (as the engine's
     ``KVCache.data`` holds them), the step's ``slot_mapping`` and its checked ``plan``
@@ -161,7 +161,7 @@ def decode_step(
     and the step's ``store_map`` (built here if not given).
     ``None`` where the compiled kernel cannot read these caches."""
     blocks = plan.blocks.view(-1, plan.width)
-    return compiled.DecodeStep.build(caches, slot_mapping, blocks, plan.seq_lens, scales, store_map)
+    return per_layer.DecodeStep.build(caches, slot_mapping, blocks, plan.seq_lens, scales, store_map)
 
 
 def decode_layer(
@@ -169,7 +169,7 @@ def decode_layer(
     key: torch.Tensor,
     value: torch.Tensor,
     layer: int,
-    step: compiled.DecodeStep,
+    step: per_layer.DecodeStep,
     scale: float | None = None,
 ) -> torch.Tensor | None:
     """One layer of a CPU decode step in one compiled call: :func:`store_kv` of ``key``/``value``
@@ -178,7 +178,7 @@ def decode_layer(
     For the engine, whose first layer of a step has checked these shapes and tables through the two
     separate calls; ``None`` where the compiled kernel cannot run (the caller then makes those two
     calls)."""
-    return compiled.decode_layer(query, key, value, layer, step, default_scale(query.shape[-1], scale))
+    return per_layer.decode_layer(query, key, value, layer, step, default_scale(query.shape[-1], scale))
 
 
 def paged_prefill(

@@ -17,9 +17,9 @@ blocks through the block table, and sweeps each block front to back twice:
 Memory, not arithmetic, sets the pace: a model's cache is far larger than the processor's caches,
 and the block table sends the sweep to a new place at every block, where the hardware prefetcher
 loses the trail. So while the keys are swept the same rows of values are prefetched, and while the
-values are swept, the next block's keys. :func:`decode_layer` runs the K/V store and this kernel in
-one call, on NumPy views of every layer's caches made once per step (:class:`DecodeStep`): a decode
-step of one sequence then costs ~40 us a layer instead of ~60.
+values are swept, the next block's keys. :func:`.per_layer.decode_layer` runs the K/V store and this
+kernel in one call, on NumPy views of every layer's caches made once per step
+(:class:`.per_layer.DecodeStep`): a decode step of one sequence then costs ~40 us a layer instead of ~60.
 
 No gathered copy is ever made; decode's only scratch is one block's scores (prefill's: one tile of
 keys, values and scores). Positions at or past ``seq_lens[s]`` are never read (the AMX loops below
@@ -32,7 +32,10 @@ product, the tiles' input).
 On a processor with AMX, bfloat16 caches take :mod:`.loop_amx` (decode and prompts) instead, where
 :mod:`.tiles` says it applies:
 the same walk through the block table, the scores and the weighted values multiplied on the matrix
-tiles; each row still computed alone, the same bits from either.
+tiles; each row still computed alone, the same bits from either. Elsewhere a bfloat16 cache whose
+head size is a multiple of 32 takes :mod:`.loop_bf16`, the decode walk written in vector lanes
+(pairs multiplied as bits, accumulators in registers, the next block asked for into the L2 cache):
+on a 2-core AMD EPYC 28 ms a step where the nest takes 42 (the measurement below, 210 positions).
 
 Why Numba, measured (SmolLM2's shapes: 9 query heads over 3 KV heads of 64, block size 16;
 64 sequences of 100-430 tokens, bfloat16, one thread, this project's 2-core machine; the kernel is
@@ -59,12 +62,11 @@ gathered through the block table into a transposed scratch tile, a GQA group sha
 positions past the tile's last row never read. Measured (SmolLM2's heads, 16 prompts of 27-300
 tokens, block size 16, one thread): 23-24 ms in bfloat16 or float32, where torch's fused SDPA over
 the gathered pages (it computes the masked half as well) took 26-28 ms; 291 against 287 output
-tokens/s on the 64-request peer workload, eager, bfloat16 (two alternating runs each). On a 2-core
-Xeon with AMX, SDPA was 2.9x faster in bfloat16 (8.2 against 23.3 ms: its flash kernel multiplies
-on the matrix engine) and 1.5x in float32, but the loop stays: it computes each row alone, so a
-prompt gets the same bits whether its prefix came from the prefix cache or not (``engine.worker.tuning``),
-provided its rows take this nest however few are left to compute: the decode kernel sums in another
-order (the engine's ``decoding`` flags, :func:`.reference.paged_prefill`).
+tokens/s on the 64-request peer workload, eager, bfloat16 (two alternating runs each). Where SDPA is
+faster (an AMX Xeon, ``engine.worker.tuning``) the loop stays: it computes each row alone, so a
+prompt gets the same bits whether its prefix came from the prefix cache or not, provided its rows
+take this nest however few are left to compute: the decode kernel sums in another order (the
+engine's ``decoding`` flags, :func:`.reference.paged_prefill`).
 
 Compilation: Numba compiles each loop once per signature it meets (the cache's dtype; for
 :func:`decode_layer` also the memory layout of its query, keys and values: contiguous or strided) on
@@ -81,13 +83,11 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from . import numba_cache, reference, tiles
-from .arrays import NOT_FP8 as _NOT_FP8
 from .arrays import as_numpy, fp8_format, scales
 from .quantization import QUANTIZED_DTYPES, StoreMap, per_block, store_quantized
 
@@ -142,7 +142,15 @@ def paged_decode(
         if paged_prefill(query, key_cache, value_cache, blocks, seq_lens, starts, None, scale, None, None,
                          out):  # fmt: skip
             return out
+    scaled = k_scale is not None or v_scale is not None
     try:
+        if tiles.pairs(query.dtype, key_cache.dtype, query.shape[-1], scaled):
+            from .loop_bf16 import decode  # imported late: importing Numba costs half a second
+
+            decode(as_numpy(query), as_numpy(key_cache.detach()), as_numpy(value_cache.detach()),
+                   blocks.contiguous().numpy(), seq_lens.to(torch.int64).contiguous().numpy(), float(scale),
+                   as_numpy(out))  # fmt: skip
+            return out
         kernel = _compile()
         assert kernel is not None
         kernel(
@@ -250,117 +258,6 @@ def store_kv(
     except Exception as error:
         give_up(error)
         reference.store_rows(key, value, key_cache, value_cache, slot_mapping)
-
-
-@dataclass(frozen=True)
-class DecodeStep:
-    """A decode step as :func:`decode_layer` reads it, made once per step for every layer (the
-    compiled backend's per-step metadata): every layer's caches (and an int8 cache's scales) and
-    the step's slot mapping, block table and lengths as NumPy arrays."""
-
-    caches: np.ndarray  # [layers, 2, num_blocks, block_size, H_kv, D]: keys (0) and values (1)
-    dtype: torch.dtype  # the caches' (bfloat16 arrives as its raw bits)
-    slots: np.ndarray  # int64 [num_seqs]: where each sequence's new token's K/V go
-    blocks: np.ndarray  # int64 [num_seqs, width]: the first cdiv(seq_lens[s], block_size) entries real
-    seq_lens: np.ndarray  # int64 [num_seqs], each at least 1, the new token included
-    scales: np.ndarray | None = None  # int8: float32 [layers, 2, num_blocks, H_kv]
-    map_blocks: np.ndarray | None = None  # int8: the step's StoreMap
-    map_tokens: np.ndarray | None = None
-    #: The loop every layer of the step calls, by (query dtype, query heads): chosen at its first layer
-    loops: dict[tuple[torch.dtype, int], Callable[..., None]] = field(default_factory=dict, compare=False)
-
-    @classmethod
-    def build(
-        cls,
-        caches: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        blocks: torch.Tensor,
-        seq_lens: torch.Tensor,
-        scales: torch.Tensor | None = None,
-        store_map: StoreMap | None = None,
-    ) -> DecodeStep | None:
-        """``None`` where the compiled kernel cannot read these caches (a dtype other than
-        :data:`DTYPES` or int8, not contiguous, or Numba unavailable in this process); ``scales``:
-        an int8 cache's, every layer's."""
-        int8 = caches.dtype == torch.int8 and scales is not None
-        if _failed is not None or (caches.dtype not in DTYPES and not int8) or not caches.is_contiguous():
-            return None
-
-        def int64(t: torch.Tensor) -> np.ndarray:
-            return t.to(torch.int64).contiguous().numpy()
-
-        arrays = [as_numpy(caches), caches.dtype, int64(slot_mapping), int64(blocks), int64(seq_lens)]
-        if not int8:
-            return cls(*arrays)
-        assert scales is not None
-        plan = store_map or StoreMap.build(slot_mapping, caches.shape[3])
-        return cls(*arrays, scales.numpy(), plan.blocks.numpy(), plan.tokens.numpy())
-
-
-def decode_layer(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, step: DecodeStep, scale: float
-) -> torch.Tensor | None:
-    """:func:`store_kv` then :func:`paged_decode` for layer ``layer`` of ``step`` in one compiled call
-    (no checks: the caller validated): ``query[S, H, D]`` and ``key``/``value`` ``[S, H_kv, D]`` may
-    be strided views (their last dimension contiguous), as transformers hands them over; returns
-    ``out[S, H, D]``. ``None`` when this call cannot take the compiled path (another dtype than the
-    caches', Numba unavailable): the caller then makes the two calls apart."""
-    int8 = step.scales is not None
-    if _failed is not None or not query.dtype == key.dtype == value.dtype or query.dtype not in DTYPES:
-        return None
-    if (
-        query.stride(-1) != 1
-        or key.stride(-1) != 1
-        or value.stride(-1) != 1
-        or not (int8 or query.dtype == step.dtype)
-    ):
-        return None
-    out = query.new_empty(query.shape)
-    try:
-        loop = step.loops.get(key_ := (query.dtype, query.shape[1]))
-        if loop is None:
-            loop = step.loops[key_] = _decode_loop(step, *key_)
-        loop(as_numpy(query.detach()), as_numpy(key.detach()), as_numpy(value.detach()), layer, scale,
-             as_numpy(out))  # fmt: skip
-    except Exception as error:
-        give_up(error)
-        return None
-    return out
-
-
-def _decode_loop(step: DecodeStep, dtype: torch.dtype, heads: int) -> Callable[..., None]:
-    """``loop(q, k, v, layer, scale, out)`` for every layer of ``step`` (NumPy arrays): the int8
-    loop, the AMX tiles' (where :func:`.tiles.rows` takes this query) or the loop nest, with what it
-    reads besides the layer's own arrays bound once for the step."""
-    from . import loop_int8, loop_nest  # imported late: importing Numba costs half a second
-
-    caches, slots, blocks, seq_lens = step.caches, step.slots, step.blocks, step.seq_lens
-    if step.scales is not None:
-        scales_, map_blocks, map_tokens = step.scales, step.map_blocks, step.map_tokens
-
-        def int8(q, k, v, layer, scale, out):  # type: ignore[no-untyped-def]
-            loop_int8.decode_layer_int8(q, k, v, caches, scales_, layer, map_blocks, map_tokens, blocks,
-                                        seq_lens, scale, _NOT_FP8, out)  # fmt: skip
-
-        return int8
-    if tiles.rows(dtype, step.dtype, heads, caches.shape):
-        from .loop_amx import decode_layer as on_tiles
-
-        record = tiles.record(heads // caches.shape[4])
-
-        def tiled(q, k, v, layer, scale, out):  # type: ignore[no-untyped-def]
-            on_tiles(q, k, v, caches, layer, slots, blocks, seq_lens, scale, record, out)
-
-        return tiled
-    ones = np.lib.stride_tricks.as_strided(_ONE, caches.shape[2:5:2], (0, 0))
-
-    def nest(q, k, v, layer, scale, out):  # type: ignore[no-untyped-def]
-        loop_nest.decode_layer(q, k, v, caches, layer, slots, blocks, seq_lens, scale, ones, _NOT_FP8, out)
-
-    return nest
-
-
-_ONE = np.ones(1, np.float32)
 
 
 def give_up(error: Exception) -> None:

@@ -1,4 +1,5 @@
-"""Which attention calls take the AMX loops (:mod:`.loop_amx`), and their tile records.
+"""Which attention calls take the AMX loops (:mod:`.loop_amx`), and their tile records; which take
+the bfloat16 lanes (:func:`pairs`).
 
 A call takes them when the processor has AMX and this process may use it (:func:`.amx.permitted`),
 the query and the cache are bfloat16 (the tiles multiply bfloat16 only; 8-bit and float32 caches
@@ -54,3 +55,9 @@ def attend(query, key_cache, value_cache, blocks, seq_lens, starts, seqs, scale,
         if len(chosen):
             on_tiles(query, key_cache, value_cache, blocks, seq_lens, starts, chosen, scale, size,
                      record(size * group), out)  # fmt: skip
+
+
+def pairs(dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int, scaled: bool) -> bool:
+    """Whether a decode call takes :mod:`.loop_bf16` (where :func:`rows` gives 0): a bfloat16 query
+    over a bfloat16 cache read without scales, ``head_dim`` a multiple of 32."""
+    return dtype == cache_dtype == torch.bfloat16 and head_dim % 32 == 0 and not scaled

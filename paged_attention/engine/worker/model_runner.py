@@ -67,7 +67,7 @@ class ForwardContext:
     decode_only: bool  # every sequence brings exactly one token, past its prompt
     backend: str
     plan: kernels.GatherPlan | None = None  # CPU decode (torch, compiled): built once, used by every layer
-    step: kernels.compiled.DecodeStep | None = None  # CPU decode (compiled): caches and plan as NumPy arrays
+    step: kernels.per_layer.DecodeStep | None = None  # CPU decode (compiled): caches and plan as NumPy arrays
     invariant: bool = False  # batch-invariant mode: every query length takes the one float64 path
     checked: bool = False  # the step's slot mapping has been checked against the cache (first layer)
     store_map: kernels.StoreMap | None = None  # an int8 cache's: which new tokens go to which block
