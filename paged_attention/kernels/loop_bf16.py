@@ -1,24 +1,29 @@
 """Decode attention over a bfloat16 cache in vector lanes: the loop nest's decode, for the vector unit.
 
-:func:`.loop_nest.decode` leaves vectorizing to LLVM, which vectorizes each dot product of a
-query head with a key row over ``head_dim`` and then folds its 16 lanes, widening the row to float32
-again for every query head of the GQA group, and which keeps the ``[heads, head_dim]`` accumulator in
-memory. Written with :mod:`.lanes` instead, for a bfloat16 cache whose ``head_dim`` is a multiple of 32:
+:func:`.loop_nest.decode` leaves vectorizing to LLVM, which vectorizes each dot product of a query
+head with a key row over ``head_dim`` and then folds its 16 lanes, widening the row to float32 again
+for every query head of the GQA group; and it adds each value row into a ``[heads, head_dim]``
+accumulator in memory, every vector loaded and stored again for every position. Written with
+:mod:`.lanes` instead, for a bfloat16 cache whose ``head_dim`` is a multiple of 32:
 
 * a key row is read as bits, 32 values a vector, and multiplied with the query's bits pair by pair
   (:func:`.lanes.dot`: one ``vdpbf16ps`` where the CPU has AVX512-BF16), each query head of the
   group from the same loaded row; the score is the lanes' total times ``scale``;
-* a value row is widened once for the whole group (:func:`.lanes.odd`, :func:`.lanes.even`), and
-  each head's accumulator takes it in fused multiply-adds, kept per 32 dimensions as 16 odd then 16
-  even ones (put back in order when the output is written).
+* the values are swept per query head and 32 dimensions, over the block's positions, with the
+  accumulator in registers (16 odd and 16 even dimensions, :func:`.lanes.odd`, :func:`.lanes.even`;
+  even and odd positions in two sums, added at the block's end; put back in order at the output);
+* the next block's keys and values are asked for while this block's are read, into the L2 cache,
+  whose queue of lines in flight is deeper than the L1's (:data:`.loop_nest.prefetch_l2`).
 
-On this project's 2-core AMD EPYC (one thread, SmolLM2's shapes: 9 query heads over 3 KV heads of 64,
-64 sequences of 210 positions, 30 layers of cache in DRAM) a decode step's attention took 18-19 ms
-against the loop nest's 40-42. The contract is :func:`.reference.paged_decode`'s; every sum is in
-float32, in another order than the loop nest's (the query is multiplied by ``scale`` after its dot
-products, not before), so the results are within a rounding of its, not its bits. It is the decode
-kernel for every query length (:mod:`.compiled` sends every bfloat16 decode here, and so do drafts
-being verified), so a token keeps its bits however many are decoded beside it.
+On this project's 2-core AMD EPYC (one thread, SmolLM2's shapes: 9 query heads over 3 KV heads of
+64, 64 sequences of 210 positions, block size 16) a decode step's attention over 30 layers of cache
+in DRAM took 28 ms against the loop nest's 42 (asked for into the L1 instead: 44; the same layer's
+cache 30 times over, in the L3: 22 against 34). The contract is :func:`.reference.paged_decode`'s;
+every sum is in float32, in another order than the loop nest's (the query is multiplied by
+``scale`` after its dot products, not before), so the results are within a rounding of its, not its
+bits. It is the decode kernel for every query length (:mod:`.compiled` sends every bfloat16 decode
+here, and drafts being verified are decoded), so a token keeps its bits however many are decoded
+beside it.
 
 ``decode(query, key_cache, value_cache, blocks, seq_lens, scale, out)``: arrays as
 :func:`.loop_nest.decode`'s (bfloat16 as ``uint16`` bits; caches contiguous, no scales).
