@@ -241,16 +241,18 @@ def test_the_grouped_copy_holds_each_weight_once_and_gives_the_weights_own_bits(
         b = torch.randn(out_features, generator=g).bfloat16()
         kernel = rows.Streamed()
         prepared = kernel.prepare(weight, b, None)
-        grouped, bits = prepared.grouped, weight.view(torch.int16).numpy()
-        n4, whole = out_features // 4 * 4, in_features // 32 * 32
-        assert grouped.size == n4 * whole and grouped.dtype == prepared.weight_bits.dtype
-        n, k = np.meshgrid(np.arange(n4), np.arange(whole), indexing="ij")
-        at = ((n // 4 * (whole // 32) + k // 32) * 4 + n % 4) * 32 + k % 32
-        assert np.array_equal(grouped.view(np.int16)[at], bits[:n4, :whole])
+        assert prepared.grouped is None  # made by the first product that reads it
         x = torch.randn(rows.LINEAR_ROWS, in_features, generator=g).bfloat16()
         with torch.inference_mode():
             for r in range(1, rows.LINEAR_ROWS + 1):
                 assert torch.equal(kernel(x[:r], prepared, b), rows.linear_rows(x[:r], weight, b))
+        grouped, bits = prepared.grouped, weight.view(torch.int16).numpy()
+        n4, whole = out_features // 4 * 4, in_features // 32 * 32
+        assert grouped.size == n4 * whole and grouped.dtype == prepared.weight_bits.dtype
+        assert grouped.ctypes.data % 64 == 0  # on a cache line: no vector load spans two
+        n, k = np.meshgrid(np.arange(n4), np.arange(whole), indexing="ij")
+        at = ((n // 4 * (whole // 32) + k // 32) * 4 + n % 4) * 32 + k % 32
+        assert np.array_equal(grouped.view(np.int16)[at], bits[:n4, :whole])
 
 
 def test_streamed_takes_any_layout_of_the_rows_and_the_bias_it_was_given() -> None:

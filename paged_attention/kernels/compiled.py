@@ -68,8 +68,8 @@ prompt gets the same bits whether its prefix came from the prefix cache or not, 
 take this nest however few are left to compute: the decode kernel sums in another order (the
 engine's ``decoding`` flags, :func:`.reference.paged_prefill`).
 
-Compilation: Numba compiles each loop once per signature it meets (the cache's dtype; for
-:func:`decode_layer` also the memory layout of its query, keys and values: contiguous or strided) on
+Compilation: Numba compiles each loop once per signature it meets (the cache's dtype; for the
+per-layer call also the memory layout of its query, keys and values: contiguous or strided) on
 first use (about a second a signature) and caches the machine code on disk (next to this file, or
 in Numba's user cache when that is not writable), so later processes load it in milliseconds (a
 cache left inconsistent by two processes compiling at once is rebuilt: :mod:`.numba_cache`).

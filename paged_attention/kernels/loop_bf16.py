@@ -21,9 +21,9 @@ in DRAM took 28 ms against the loop nest's 42 (asked for into the L1 instead: 44
 cache 30 times over, in the L3: 22 against 34). The contract is :func:`.reference.paged_decode`'s;
 every sum is in float32, in another order than the loop nest's (the query is multiplied by
 ``scale`` after its dot products, not before), so the results are within a rounding of its, not its
-bits. It is the decode kernel for every query length (:mod:`.compiled` sends every bfloat16 decode
-here, and drafts being verified are decoded), so a token keeps its bits however many are decoded
-beside it.
+bits. Where it applies (:func:`.tiles.pairs`, and no AMX tiles, :func:`.tiles.rows`) it is the
+decode kernel for every query length (:func:`.compiled.paged_decode`, :mod:`.per_layer`, and drafts
+being verified, which are decoded), so a token keeps its bits however many are decoded beside it.
 
 ``decode(query, key_cache, value_cache, blocks, seq_lens, scale, out)``: arrays as
 :func:`.loop_nest.decode`'s (bfloat16 as ``uint16`` bits; caches contiguous, no scales).

@@ -98,7 +98,9 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     by one rounding, and float32 models keep their own kernel (:mod:`.tiled`), because a float32
     model promises transformers' greedy tokens. ``None`` where it does not apply (more rows,
     another dtype or device, shapes that do not match, autograd, Numba unavailable): the caller
-    multiplies as before. :class:`Streamed` is the engine's way in (the views made once)."""
+    multiplies as before. :class:`Streamed` is the engine's way in (the views made once, and a copy
+    of the weight laid out as the loop reads it: 1.5-2.3x as fast on the AMD EPYC,
+    :func:`.loop_rows.linear_groups`)."""
     rows = x.numel() // max(1, x.shape[-1])
     if rows > LINEAR_ROWS or rows == 0 or x.dtype != torch.bfloat16 or torch.is_grad_enabled():
         return None
@@ -122,7 +124,7 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Streamable:
     """What :class:`Streamed` keeps for one weight: the tensors and their bits as NumPy views, made
     once, so that a product of a few rows costs the loop and little else (one product of
@@ -133,16 +135,17 @@ class Streamable:
     bias: Tensor | None  #: ``[N]``, the bias the layer had when the weight was prepared
     weight_bits: np.ndarray  #: the weight as ``uint16``
     bias_bits: np.ndarray  #: the bias as ``uint16`` (length 0: none)
-    #: the weight's bits in the order the loop reads them (:func:`.loop_rows.group`): a copy
-    grouped: np.ndarray
+    #: the weight's bits in the order the loop reads them (:func:`.loop_rows.group`), a copy made
+    #: by the first product that reads it (dropped with the rest where an engine's tuning keeps oneDNN's)
+    grouped: np.ndarray | None = None
 
 
 class Streamed:
     """:func:`linear_rows` as a row kernel of :mod:`..models.packed_linear`: for a contiguous
-    bfloat16 weight it keeps a :class:`Streamable` (views, and the grouped copy). It takes products of up to
-    ``rows`` rows (at most :data:`LINEAR_ROWS`; an engine lowers it where oneDNN measures faster)
-    and, if ``wide`` (by default: where :func:`.widened.needed`, a CPU without bfloat16
-    arithmetic), those of more than :data:`LINEAR_ROWS` rows too; there, from
+    bfloat16 weight it keeps a :class:`Streamable` (views; the grouped copy when first read). It
+    takes products of up to ``rows`` rows (at most :data:`LINEAR_ROWS`; an engine lowers it where
+    oneDNN measures faster) and, if ``wide`` (by default: where :func:`.widened.needed`, a CPU
+    without bfloat16 arithmetic), those of more than :data:`LINEAR_ROWS` rows too; there, from
     :data:`.widened.WIDE_ROWS` rows on, four rows at a time (:mod:`.widened`: the same bits)."""
 
     def __init__(self, rows: int = LINEAR_ROWS, wide: bool | None = None) -> None:
@@ -167,11 +170,8 @@ class Streamed:
             return None
         if bias is not None and (bias.shape != (weight.shape[0],) or not _fits(weight, bias)):
             return None
-        from .loop_rows import group  # imported late: importing Numba costs half a second
-
         bias_bits = compiled.as_numpy(bias.contiguous()) if bias is not None else np.zeros(0, np.uint16)
-        bits = compiled.as_numpy(weight)
-        return Streamable(weight, bias, bits, bias_bits, group(bits))
+        return Streamable(weight, bias, compiled.as_numpy(weight), bias_bits)
 
     def __call__(self, x: Tensor, prepared: Streamable, bias: Tensor | None) -> Tensor | None:
         rows = _rows(x, prepared)
@@ -239,8 +239,14 @@ def _loop(wide: bool) -> Callable[[int, int, Streamable, int], None]:
     if wide:
         quads = loop_rows.linear_quads_at
         return lambda x, rows, p, out: quads(x, rows, p.weight_bits, p.bias_bits, out)
-    alone = loop_rows.linear_rows_at
-    return lambda x, rows, p, out: alone(x, rows, p.weight_bits, p.grouped, p.bias_bits, out)
+    alone, group = loop_rows.linear_rows_at, loop_rows.group
+
+    def each_row(x: int, rows: int, p: Streamable, out: int) -> None:
+        if p.grouped is None:
+            p.grouped = group(p.weight_bits)
+        alone(x, rows, p.weight_bits, p.grouped, p.bias_bits, out)
+
+    return each_row
 
 
 #: A bfloat16 row kernel taking all it can (an engine makes its own, to lower its rows).

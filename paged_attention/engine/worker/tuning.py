@@ -1,13 +1,13 @@
 """Which kernel multiplies a few rows faster on this machine, measured once per machine and model.
 
 The compiled backend's products of a few rows (a step of one to four sequences) can go to oneDNN's
-packed product or to the engine's row kernel (bfloat16 weights streamed by
-:func:`..kernels.rows.linear_rows`, float32 ones from tiles summed in oneDNN's order,
+packed product or to the engine's row kernel (bfloat16 weights streamed from a copy laid out as read,
+:class:`..kernels.rows.Streamed`, float32 ones from tiles summed in oneDNN's order,
 :mod:`..kernels.tiled`). Neither wins everywhere: on this project's 2-core AMD EPYC (AVX512-BF16) a
-pass of the bfloat16 loop over SmolLM2's products took 13.6 ms at one row against oneDNN's 22.4,
-15.3 against 24.1 at two, 18.2 against 20.1 at three, 21.5 against 19.6 at four (since tuning
-version 6, the loop reading a copy of each weight laid out as it reads it: 21.6 against 21.8 at
-one row before, a tie); on a 2-core Xeon with AMX the bfloat16
+pass of the bfloat16 loop over SmolLM2's products took 13.2 ms at one row against oneDNN's 23.6,
+14.6 against 25.3 at two, 16.4 against 21.5 at three, 17.8 against 20.5 at four (since tuning
+version 6, the loop reading a copy of each weight laid out as it reads it, on 64-byte lines:
+21.6 against 21.8 at one row before, a tie); on a 2-core Xeon with AMX the bfloat16
 loop (in vector lanes since tuning version 3) took 30.3 ms a pass at one row against oneDNN's 34.2,
 and 35.4 against 33.7 at two rows (so: one row; these passes call each layer as the engine does,
 Python included, where :func:`..kernels.rows.linear_rows` quotes the loops alone). So the engine
