@@ -249,7 +249,7 @@ def test_the_grouped_copy_holds_each_weight_once_and_gives_the_weights_own_bits(
         grouped, bits = prepared.grouped, weight.view(torch.int16).numpy()
         n4, whole = out_features // 4 * 4, in_features // 32 * 32
         assert grouped.size == n4 * whole and grouped.dtype == prepared.weight_bits.dtype
-        assert grouped.ctypes.data % 64 == 0  # on a cache line: no vector load spans two
+        assert grouped.size == 0 or grouped.ctypes.data % 64 == 0  # on a line: no load spans two
         n, k = np.meshgrid(np.arange(n4), np.arange(whole), indexing="ij")
         at = ((n // 4 * (whole // 32) + k // 32) * 4 + n % 4) * 32 + k % 32
         assert np.array_equal(grouped.view(np.int16)[at], bits[:n4, :whole])
