@@ -51,8 +51,8 @@ PAIRS = 32
 @njit(fastmath=True, cache=True, boundscheck=False, nogil=True, error_model="numpy")
 def decode(query, key_cache, value_cache, blocks, seq_lens, scale, out):  # pragma: no cover - compiled
     """Each sequence's blocks in order, each block swept twice (keys, then values) with an online
-    softmax per query head between the sweeps, as :func:`.loop_nest.decode`, which also says why
-    the values are prefetched while the keys are read, and the next block's keys while the values are."""
+    softmax per query head between the sweeps, as :func:`.loop_nest.decode`; while a block's keys
+    are read the next block's keys are asked for, and while its values are, the next block's values."""
     num_seqs, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -115,8 +115,9 @@ def decode(query, key_cache, value_cache, blocks, seq_lens, scale, out):  # prag
                     for g in range(group):
                         i = h * group + g
                         x = i * head_dim + PAIRS * c
-                        odd, even = lanes.load(acc, x), lanes.load(acc, x + 16)  # even positions t
-                        odd2, even2 = lanes.splat(0.0), lanes.splat(0.0)  # odd positions t
+                        # odd, even: dimensions; the first pair sums even positions t, the second odd ones
+                        odd, even = lanes.load(acc, x), lanes.load(acc, x + 16)
+                        odd2, even2 = lanes.splat(0.0), lanes.splat(0.0)
                         for t in range(0, count - 1, 2):
                             v = lanes.load(values, at + t * row)
                             p = lanes.splat(scores[i, t])
