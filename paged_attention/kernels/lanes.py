@@ -15,7 +15,9 @@ and every operation is one vector instruction (or a short fixed sequence of them
 * :func:`fma`: ``a * b + c`` rounded once; :func:`total`: the sum of the 16 lanes, in a fixed order;
 * :func:`dot`: ``acc`` plus the pairwise products of 32 bfloat16 in two values of bits;
   :func:`odd`, :func:`even`: the two halves of such a value, widened (``dot``'s two steps, apart);
-* :func:`aligned`: scratch arrays that start on a 64-byte line.
+* :func:`aligned`: scratch arrays that start on a 64-byte line;
+* ``prefetch``, ``prefetch_l2``: ask for a cache line ahead (into the L1, into the L2); :func:`address`:
+  a tensor's ``data_ptr()`` as a pointer (the loops of :mod:`.loop_nest` and its siblings use them).
 
 No instruction may be reordered or fused (:data:`_EXACT`), even inside a fast-math function, so
 the same code gives the same bits wherever it is inlined.
@@ -320,3 +322,36 @@ def aligned(shape, kind):
     raw = np.zeros(size * width + 64, np.uint8)
     skip = (-raw.ctypes.data) % 64
     return raw[skip : skip + size * width].view(kind).reshape(shape)
+
+
+def _prefetcher(locality: int):  # type: ignore[no-untyped-def]
+    @intrinsic
+    def prefetch(typingctx, array, offset):
+        def codegen(context, builder, signature, args):
+            data = context.make_array(signature.args[0])(context, builder, args[0]).data
+            address = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
+            word = ir.IntType(32)  # (the arguments: read, locality, data)
+            kind = ir.FunctionType(ir.VoidType(), [address.type, word, word, word])
+            call = builder.module.declare_intrinsic("llvm.prefetch", [address.type], kind)
+            builder.call(call, [address, word(0), word(locality), word(1)])
+            return context.get_dummy_value()
+
+        return types.void(array, offset), codegen
+
+    return prefetch
+
+
+#: ``prefetch(array, offset)``: ask for the line of element ``offset`` (flat), a hint that never faults
+#: (``prefetcht0``); ``prefetch_l2`` into the L2 (``prefetcht1``), whose queue of misses is deeper.
+prefetch, prefetch_l2 = _prefetcher(3), _prefetcher(2)
+
+
+@intrinsic
+def address(typingctx, value):
+    """The integer ``value`` (a tensor's ``data_ptr()``) as a pointer, for ``numba.carray``: a
+    caller that passes addresses makes no NumPy views (each costs about a microsecond in Python)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+
+    return types.voidptr(types.intp), codegen

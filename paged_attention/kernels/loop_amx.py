@@ -67,8 +67,8 @@ from numba import njit
 
 from . import amx, lanes
 from .column_softmax import CHUNK, soften
-from .lanes import LANES
-from .loop_nest import narrow_bits, prefetch, stamp, store
+from .lanes import LANES, prefetch
+from .loop_nest import narrow_bits, stamp, store
 
 stamp(Path(__file__))
 stamp(Path(__file__), Path(amx.__file__))  # the intrinsics are compiled into these loops too

@@ -13,7 +13,7 @@ accumulator in memory, every vector loaded and stored again for every position. 
   accumulator in registers (16 odd and 16 even dimensions, :func:`.lanes.odd`, :func:`.lanes.even`;
   even and odd positions in two sums, added at the block's end; put back in order at the output);
 * the next block's keys and values are asked for while this block's are read, into the L2 cache,
-  whose queue of lines in flight is deeper than the L1's (:data:`.loop_nest.prefetch_l2`).
+  whose queue of lines in flight is deeper than the L1's (:data:`.lanes.prefetch_l2`).
 
 On this project's 2-core AMD EPYC (one thread, SmolLM2's shapes: 9 query heads over 3 KV heads of
 64, 64 sequences of 210 positions, block size 16) a decode step's attention over 30 layers of cache
@@ -39,7 +39,8 @@ import numpy as np
 from numba import njit
 
 from . import lanes
-from .loop_nest import exp, prefetch_l2, rounded, stamp, store
+from .lanes import prefetch_l2
+from .loop_nest import online_softmax, rounded, stamp, store
 
 stamp(Path(__file__))
 stamp(Path(__file__), Path(lanes.__file__))  # the vector lanes are compiled into these loops too
@@ -93,20 +94,7 @@ def decode(query, key_cache, value_cache, blocks, seq_lens, scale, out):  # prag
                             k = lanes.load(keys, at + h * head_dim + PAIRS * c)
                             a = lanes.dot(a, k, lanes.load(bits, i * head_dim + PAIRS * c))
                         scores[i, t] = lanes.total(a) * np.float32(scale)
-            for i in range(num_heads):  # online softmax: rescale what came before
-                m = best[i]
-                for t in range(count):
-                    m = max(m, scores[i, t])
-                rescale = exp(best[i] - m)
-                best[i] = m
-                for d in range(head_dim):
-                    acc[i, d] *= rescale
-                subtotal = np.float32(0.0)
-                for t in range(count):
-                    p = exp(scores[i, t] - m)
-                    scores[i, t] = p
-                    subtotal += p
-                total[i] = total[i] * rescale + subtotal
+            online_softmax(scores, count, best, total, acc)  # (acc's order of dimensions: any)
             for h in range(num_kv_heads):  # the values: per query head and 32 dimensions, in registers
                 for c in range(chunks):
                     at = first + h * head_dim + PAIRS * c

@@ -33,9 +33,11 @@ import os
 from pathlib import Path
 
 import numpy as np
-from llvmlite import ir
 from numba import njit, types
-from numba.extending import intrinsic, overload
+from numba.extending import overload
+
+from . import lanes
+from .lanes import prefetch_l2
 
 
 def stamp(target: Path, dependency: Path = Path(__file__)) -> bool:
@@ -48,6 +50,9 @@ def stamp(target: Path, dependency: Path = Path(__file__)) -> bool:
     except OSError:  # a read-only install: its caches were built from its own, unedited files
         pass
     return False
+
+
+stamp(Path(__file__), Path(lanes.__file__))  # the prefetch hints are compiled into these loops too
 
 
 @njit(inline="always")
@@ -107,37 +112,25 @@ def _rounded(x, like):
     return lambda x, like: np.float32(x)
 
 
-def _prefetcher(locality: int):  # type: ignore[no-untyped-def]
-    @intrinsic
-    def prefetch(typingctx, array, offset):
-        def codegen(context, builder, signature, args):
-            data = context.make_array(signature.args[0])(context, builder, args[0]).data
-            address = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
-            word = ir.IntType(32)  # (the arguments: read, locality, data)
-            kind = ir.FunctionType(ir.VoidType(), [address.type, word, word, word])
-            call = builder.module.declare_intrinsic("llvm.prefetch", [address.type], kind)
-            builder.call(call, [address, word(0), word(locality), word(1)])
-            return context.get_dummy_value()
-
-        return types.void(array, offset), codegen
-
-    return prefetch
-
-
-#: ``prefetch(array, offset)``: ask for the line of element ``offset`` (flat), a hint that never faults
-#: (``prefetcht0``); ``prefetch_l2`` into the L2 (``prefetcht1``), whose queue of misses is deeper.
-prefetch, prefetch_l2 = _prefetcher(3), _prefetcher(2)
-
-
-@intrinsic
-def address(typingctx, value):
-    """The integer ``value`` (a tensor's ``data_ptr()``) as a pointer, for ``numba.carray``: a
-    caller that passes addresses makes no NumPy views (each costs about a microsecond in Python)."""
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
-
-    return types.voidptr(types.intp), codegen
+@njit(inline="always")
+def online_softmax(scores, count, best, total, acc):
+    """One block's scores ``scores[i, :count]`` of each query head ``i`` into their weights
+    ``exp(score - max)``, and the head's running maximum ``best[i]``, sum ``total[i]`` and accumulator
+    row ``acc[i]`` rescaled to the new maximum: FlashAttention's online softmax, between the sweeps."""
+    for i in range(scores.shape[0]):
+        m = best[i]
+        for t in range(count):
+            m = max(m, scores[i, t])
+        rescale = exp(best[i] - m)
+        best[i] = m
+        for d in range(acc.shape[1]):
+            acc[i, d] *= rescale
+        subtotal = np.float32(0.0)
+        for t in range(count):
+            p = exp(scores[i, t] - m)
+            scores[i, t] = p
+            subtotal += p
+        total[i] = total[i] * rescale + subtotal
 
 
 @njit(inline="always")
@@ -236,20 +229,7 @@ def decode(
                         for d in range(head_dim):
                             a += scaled[i, d] * widen(k[d])
                         scores[i, t] = a * k_scale[h]
-            for i in range(num_heads):  # online softmax: rescale what came before
-                m = best[i]
-                for t in range(count):
-                    m = max(m, scores[i, t])
-                rescale = exp(best[i] - m)
-                best[i] = m
-                for d in range(head_dim):
-                    acc[i, d] *= rescale
-                subtotal = np.float32(0.0)
-                for t in range(count):
-                    p = exp(scores[i, t] - m)
-                    scores[i, t] = p
-                    subtotal += p
-                total[i] = total[i] * rescale + subtotal
+            online_softmax(scores, count, best, total, acc)
             for t in range(count):  # the values
                 for c in range(0, row, line):
                     prefetch_l2(key_cache, (upcoming * block_size + t) * row + c)

@@ -38,7 +38,8 @@ import numpy as np
 from numba import carray, njit
 
 from . import lanes
-from .loop_nest import address, narrow_bits, prefetch, rounded, stamp, widen
+from .lanes import address, prefetch
+from .loop_nest import narrow_bits, rounded, stamp, widen
 
 stamp(Path(__file__))
 stamp(Path(__file__), Path(lanes.__file__))  # the vector lanes are compiled into these loops too
