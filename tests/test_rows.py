@@ -155,7 +155,7 @@ def test_the_engine_streams_the_weights_of_one_row_products_and_generates_the_sa
     measured_as(monkeypatch, {1: 2.0, 2: 2.0, 3: 2.0, 4: 2.0})  # (where this machine measured it faster)
     llm = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4, attention_backend="compiled")
     calls = []
-    loop = rows._loop(False)
+    loop = rows._loop("rows")
 
     def counted(*args):
         calls.append(1)
@@ -168,7 +168,7 @@ def test_the_engine_streams_the_weights_of_one_row_products_and_generates_the_sa
     assert layers and all(isinstance(o.rows, rows.Streamed) for o in owners)
     assert all(o.rows.rows == rows.LINEAR_ROWS for o in owners)
     assert all(o.prepared.weight.data_ptr() == o.weight.data_ptr() for o in owners)  # the weight itself
-    monkeypatch.setattr(rows, "_loop", lambda wide: counted)
+    monkeypatch.setattr(rows, "_loop", lambda way: counted)
     prompt = [{"prompt_token_ids": [5, 6, 7, 8, 9]}]
     text = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
     assert any(calls)
@@ -213,7 +213,7 @@ def test_every_loop_file_using_loop_nests_helpers_stamps_itself_on_import() -> N
         calls = [n.value for n in tree.body if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)]
         calls = [c for c in calls if getattr(c.func, "id", "") == "stamp"]
         assert [ast.unparse(c) for c in calls][:1] == ["stamp(Path(__file__))"], path.name
-    assert users == ["loop_amx.py", "loop_bf16.py", "loop_int8.py", "loop_rows.py"]
+    assert users == ["loop_amx.py", "loop_bf16.py", "loop_int8.py", "loop_pairs.py", "loop_rows.py"]
 
 
 def test_a_rows_bits_do_not_depend_on_the_rows_beside_it() -> None:

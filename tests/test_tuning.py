@@ -157,8 +157,8 @@ def test_the_real_probes_time_both_paths_and_restore_the_layers(monkeypatch) -> 
         owner.rows, owner.prepared = kernel, kernel.prepare(owner.weight.detach(), owner.bias, owner.product)
     kept = [o.prepared for o in owners]
     calls = []
-    loop = rows._loop(False)
-    monkeypatch.setattr(rows, "_loop", lambda wide: lambda *a: calls.append(1) or loop(*a))
+    loop = rows._loop("rows")
+    monkeypatch.setattr(rows, "_loop", lambda way: lambda *a: calls.append(1) or loop(*a))
     kernel_s, onednn_s = tuning.measure_rows(owners, 1, torch.bfloat16, repeats=1)
     assert kernel_s > 0 and onednn_s > 0
     assert len(calls) == 2 * len(owners)  # a warm-up and a timed pass with the kernel, none without it
@@ -204,3 +204,19 @@ def test_the_machine_cache_keeps_what_it_could_not_write_and_forgets_a_damaged_f
 
 def _refuse(*args, **kwargs):
     raise OSError("read-only")
+
+
+@needs_numba
+@needs_packing
+def test_a_kernel_that_may_take_many_rows_is_measured_at_the_counts_up_to_its_most(monkeypatch) -> None:
+    """A kernel whose ``most`` is past LINEAR_ROWS (pairs of bfloat16: pretended here) is measured
+    at tuning.COUNTS up to the first it loses, and keeps the last it won; a close call past
+    LINEAR_ROWS rows is stored (somewhere the two meet: close by definition)."""
+    monkeypatch.setattr(rows.Streamed, "paired", property(lambda self: True))
+    calls = measured_as(monkeypatch, {r: 2.0 for r in (1, 2, 3, 4, 8, 12, 16)} | {24: 1.02})
+    runner = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4).llm_engine.runner
+    assert calls == [1, 2, 3, 4, 8, 12, 16, 24]
+    assert runner.tuning.rows == 16
+    assert all(o.rows.rows == 16 for o in product_owners(runner.model))
+    LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4)  # read back: the close call was stored
+    assert len(calls) == 8

@@ -24,20 +24,20 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     return (out if bias is None else out + bias.double()).float()
 
 
-def count_widened(monkeypatch) -> list[int]:
+def count_widened(monkeypatch, ways: tuple[str, ...] = ("quads",)) -> list[int]:
     """The rows of every product taken four rows at a time from now on (by the row kernel's loop
-    by address, or by :func:`widened.linear`)."""
+    by address, the ``ways`` of ``rows._loop`` counted, or by :func:`widened.linear`)."""
     calls: list[int] = []
     loop, product = rows._loop, widened.linear
 
-    def loops(wide: bool):
-        inner = loop(wide)
+    def loops(way: str):
+        inner = loop(way)
 
         def counted(x_address, n, *rest):
             calls.append(n)
             return inner(x_address, n, *rest)
 
-        return counted if wide else inner
+        return counted if way in ways else inner
 
     def linear(x, weight, bias):
         out = product(x, weight, bias)
@@ -163,7 +163,7 @@ def test_an_engine_widens_its_prompts_where_asked_and_keeps_its_tokens(monkeypat
     tokens = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
     assert calls and min(calls) > rows.LINEAR_ROWS
     counting = rows._loop
-    monkeypatch.setattr(rows, "_loop", lambda wide: counting(False))  # each row alone
+    monkeypatch.setattr(rows, "_loop", lambda way: counting("rows"))  # each row alone
     alone = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4, attention_backend="compiled")
     assert alone.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == tokens
     monkeypatch.setattr(rows, "_loop", counting)
@@ -175,7 +175,7 @@ def test_an_engine_widens_its_prompts_where_asked_and_keeps_its_tokens(monkeypat
     monkeypatch.setattr(widened, "needed", lambda: False)
     calls.clear()
     LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4, batch_invariant=True).generate(prompt, params)
-    assert not calls  # a CPU with bfloat16 arithmetic: oneDNN's fixed chunks
+    assert not calls  # a CPU with bfloat16 arithmetic: nothing widened (oneDNN's or the pairs' loop)
 
 
 @needs_numba
@@ -197,25 +197,26 @@ def test_every_backend_multiplies_bfloat16_through_the_loops_where_onednn_emulat
 
 @needs_numba
 @pytest.mark.skipif(not packed_linear.packing_available(), reason="oneDNN cannot pack here")
-@pytest.mark.parametrize("wide", [True, False])
-def test_the_batch_invariant_mode_takes_a_widening_kernels_products_whole(monkeypatch, wide) -> None:
+@pytest.mark.parametrize("way", ["quads", "pairs", None])
+def test_the_batch_invariant_mode_takes_a_widening_kernels_products_whole(monkeypatch, way) -> None:
     """In the mode a packed layer and a merged group whose row kernel widens (a CPU without
-    bfloat16 arithmetic) multiply every row count at once through the loops, unchunked, unpadded,
-    each row with the bits it gets alone; a kernel that does not widen leaves the mode's oneDNN
-    chunks (also invariant). Outside the mode nothing changes."""
+    bfloat16 arithmetic) or multiplies pairs (AVX512-BF16: pretended either way) multiply every
+    row count at once through the loops, unchunked, unpadded, each row with the bits it gets
+    alone; a kernel that does neither leaves the mode's oneDNN chunks (also invariant). Outside
+    the mode nothing changes."""
     from paged_attention.models.merged_projections import MergedProduct
 
     g = torch.Generator().manual_seed(4)
     q, k = torch.nn.Linear(40, 24, bias=False).bfloat16(), torch.nn.Linear(40, 8, bias=False).bfloat16()
-    kernel = rows.Streamed(wide=wide)
+    kernel = rows.Streamed(wide=way == "quads", paired=way == "pairs")
     layer = packed_linear.PackedLinear(torch.nn.Linear(40, 24).bfloat16(), kernel)
     owners = [layer, MergedProduct([q, k], kernel)]
-    calls = count_widened(monkeypatch)
+    calls = count_widened(monkeypatch, ("quads", "pairs"))
     x = torch.randn(invariant.ROWS + 5, 40, generator=g).bfloat16()
     for owner in owners:
         with torch.inference_mode(), invariant.batch_invariant():
             got = owner.product(x)
+            assert calls == ([x.shape[0]] if way else [])  # 21 rows at once (their four-row tiles)
             alone = torch.cat([owner.product(x[i : i + 1]) for i in range(x.shape[0])])
         assert torch.equal(got, alone)
-        assert calls == ([x.shape[0]] if wide else [])  # 21 rows at once (their four-row tiles)
         calls.clear()

@@ -248,6 +248,43 @@ def total(typingctx, x):
     return types.float32(lanes), codegen
 
 
+@intrinsic
+def totals(typingctx, sums):
+    """The totals of 16 values of lanes (a tuple) as the 16 lanes of one, in order: the halving
+    steps of :func:`total`, each made for several sums at once by gathering their halves into
+    two values (the same additions, so the same bits; 15 additions instead of 60)."""
+
+    def codegen(context, builder, signature, args):
+        values = [builder.extract_value(args[0], i) for i in range(LANES)]
+        width = LANES  # the lanes each sum still spans; each value holds LANES // width sums
+        while width > 1:
+            half, pairs = width // 2, []
+            for a, b in zip(values[::2], values[1::2], strict=True):
+                low = [s + j for s in range(0, 2 * LANES, width) for j in range(half)]
+                picks = [ir.Constant(_WORDS, low), ir.Constant(_WORDS, [i + half for i in low])]
+                pairs.append(_op(builder, "fadd", *(builder.shuffle_vector(a, b, c) for c in picks)))
+            values, width = pairs, half
+        return values[0]
+
+    if isinstance(sums, types.UniTuple) and sums.count == LANES and isinstance(sums.dtype, Lanes):
+        return lanes(sums), codegen
+
+
+@intrinsic
+def narrowed(typingctx, x):
+    """Each lane's bfloat16 bits (nearest, ties to even; NaN as ``0x7FC0``, as
+    :func:`.loop_nest.narrow_bits`) in the high half of its 32 bits, the low half zero."""
+
+    def codegen(context, builder, signature, args):
+        bits, word = builder.bitcast(args[0], _WORDS), functools.partial(_splat, kind=_WORDS)
+        odd = builder.and_(builder.lshr(bits, word(16)), word(1))
+        near = builder.and_(builder.add(builder.add(bits, odd), word(0x7FFF)), word(-0x10000))
+        nan = builder.icmp_unsigned(">", builder.and_(bits, word(0x7FFFFFFF)), word(0x7F800000))
+        return builder.bitcast(builder.select(nan, word(0x7FC00000), near), _VECTOR)
+
+    return lanes(lanes), codegen
+
+
 def _widened(builder, bits, odd: bool):
     """The even (low) or odd (high) bfloat16 of each 32-bit lane of ``bits``, as float32."""
     if odd:

@@ -82,6 +82,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 #: The most rows :func:`linear_rows` multiplies (more rows: oneDNN's packed product is faster).
 LINEAR_ROWS = 4
+#: The most rows :class:`Streamed` may take on a CPU that multiplies bfloat16 pairs (four rows at a
+#: time, :mod:`.loop_pairs`), if an engine's tuning measures it faster than oneDNN there.
+PAIRED_ROWS = 64
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -143,14 +146,17 @@ class Streamable:
 class Streamed:
     """:func:`linear_rows` as a row kernel of :mod:`..models.packed_linear`: for a contiguous
     bfloat16 weight it keeps a :class:`Streamable` (views; the grouped copy when first read). It
-    takes products of up to ``rows`` rows (at most :data:`LINEAR_ROWS`; an engine lowers it where
-    oneDNN measures faster) and, if ``wide`` (by default: where :func:`.widened.needed`, a CPU
-    without bfloat16 arithmetic), those of more than :data:`LINEAR_ROWS` rows too; there, from
-    :data:`.widened.WIDE_ROWS` rows on, four rows at a time (:mod:`.widened`: the same bits)."""
+    takes products of up to ``rows`` rows (an engine's tuning sets it, up to :attr:`most`) and, if
+    ``wide`` (by default: where :func:`.widened.needed`, a CPU without bfloat16 arithmetic), those
+    of more than :data:`LINEAR_ROWS` rows too; there, from :data:`.widened.WIDE_ROWS` rows on,
+    four rows at a time (:mod:`.widened`). Where ``paired`` (a CPU with AVX512-BF16,
+    :func:`.lanes.paired`) four rows at a time from the grouped copy (:mod:`.loop_pairs`). Every
+    way gives each output the bits of the row loop, whatever rows are beside it."""
 
-    def __init__(self, rows: int = LINEAR_ROWS, wide: bool | None = None) -> None:
+    def __init__(self, rows: int = LINEAR_ROWS, wide: bool | None = None, paired: bool | None = None) -> None:
         self.rows = rows
         self._wide = wide
+        self._paired = paired
 
     @property
     def wide(self) -> bool:
@@ -159,6 +165,22 @@ class Streamed:
         if self._wide is None:
             self._wide = widened.needed()
         return self._wide
+
+    @property
+    def paired(self) -> bool:
+        """Whether it multiplies four rows at a time with bfloat16 pair instructions (asked on
+        first use, as :attr:`wide`; never where it widens)."""
+        if self._paired is None:
+            from . import lanes  # imported late: importing Numba costs half a second
+
+            self._paired = not self.wide and lanes.paired()
+        return self._paired
+
+    @property
+    def most(self) -> int:
+        """The most rows it may be given (``rows``, as tuning chooses): :data:`PAIRED_ROWS` where
+        :attr:`paired`, else :data:`LINEAR_ROWS`."""
+        return PAIRED_ROWS if self.paired else LINEAR_ROWS
 
     def prepare(
         self, weight: Tensor, bias: Tensor | None, product: Callable[[Tensor], Tensor]
@@ -180,18 +202,25 @@ class Streamed:
             return None
         if not _direct(bias, prepared):
             return (widened.linear if wide else linear_rows)(x, prepared.weight, bias)  # (checks, views)
-        return _by_address(x, rows, prepared, wide)
+        return _by_address(x, rows, prepared, self._way(rows))
 
     def invariant(self, x: Tensor, prepared: Streamable, bias: Tensor | None) -> Tensor | None:
         """The product of ``x`` (any number of rows) where each row gets the bits it gets alone,
         whatever ``rows`` a tuning chose: the batch-invariant mode's product (:mod:`..models.invariant`)
-        on a CPU where this kernel is ``wide`` (there the loops, each output summed alone in one
-        fixed order, are also the fast way: oneDNN emulates bfloat16 arithmetic). ``None``
-        elsewhere, and where it does not apply (another dtype, shape or device): not a row count."""
+        on a CPU where this kernel is ``wide`` or ``paired`` (there the loops, each output summed
+        alone in one fixed order, are also about as fast as oneDNN's product, which would need
+        fixed chunks of padded rows). ``None`` elsewhere, and where it does not apply (another
+        dtype, shape or device): not a row count."""
         rows = _rows(x, prepared)
-        if not self.wide or rows == 0 or not _direct(bias, prepared):
+        if not (self.wide or self.paired) or rows == 0 or not _direct(bias, prepared):
             return None
-        return _by_address(x, rows, prepared, rows >= widened.WIDE_ROWS)  # (either: the same bits)
+        return _by_address(x, rows, prepared, self._way(rows))
+
+    def _way(self, rows: int) -> str:
+        """Which loop takes ``rows`` rows (:func:`_loop`; all give the same bits)."""
+        if self.wide:
+            return "quads" if rows >= widened.WIDE_ROWS else "rows"
+        return "pairs" if self.paired else "rows"
 
 
 def _rows(x: Tensor, prepared: Streamable) -> int:
@@ -209,13 +238,13 @@ def _direct(bias: Tensor | None, prepared: Streamable) -> bool:
     return _same(bias, prepared.bias) and not torch.is_grad_enabled() and compiled.available()
 
 
-def _by_address(x: Tensor, rows: int, prepared: Streamable, wide: bool) -> Tensor | None:
-    """The loop's product of the bfloat16 ``x[..., K]`` (``rows`` rows), by address: four rows at a
-    time if ``wide``, else each row alone (the same bits); ``None`` if Numba cannot compile it."""
+def _by_address(x: Tensor, rows: int, prepared: Streamable, way: str) -> Tensor | None:
+    """The loop's product of the bfloat16 ``x[..., K]`` (``rows`` rows), by address, the ``way``
+    :func:`_loop` names (the same bits each); ``None`` if Numba cannot compile it."""
     x = x.contiguous()
     out = torch.empty((*x.shape[:-1], prepared.weight_bits.shape[0]), dtype=torch.bfloat16)
     try:  # (by address: both contiguous bfloat16, alive until the loop returns)
-        _loop(wide)(x.data_ptr(), rows, prepared, out.data_ptr())
+        _loop(way)(x.data_ptr(), rows, prepared, out.data_ptr())
     except Exception as error:
         compiled.give_up(error)
         return None
@@ -231,22 +260,25 @@ def _same(bias: Tensor | None, kept: Tensor | None) -> bool:
 
 
 @functools.cache
-def _loop(wide: bool) -> Callable[[int, int, Streamable, int], None]:
-    """The loop by address, ``(x_address, rows, prepared, out_address)``: four rows at a time
-    (:mod:`.widened`, the weights in their own layout) or each row alone (the grouped copy)."""
-    from . import loop_rows  # imported late: importing Numba costs half a second
+def _loop(way: str) -> Callable[[int, int, Streamable, int], None]:
+    """The loop by address, ``(x_address, rows, prepared, out_address)``: ``"quads"``, four rows at
+    a time widened (:mod:`.widened`, the weights in their own layout); ``"pairs"``, four rows at a
+    time in pair instructions (:mod:`.loop_pairs`); ``"rows"``, each row alone. The last two read
+    the grouped copy, made by the first product that reads it."""
+    from . import loop_pairs, loop_rows  # imported late: importing Numba costs half a second
 
-    if wide:
+    if way == "quads":
         quads = loop_rows.linear_quads_at
         return lambda x, rows, p, out: quads(x, rows, p.weight_bits, p.bias_bits, out)
-    alone, group = loop_rows.linear_rows_at, loop_rows.group
+    loop = loop_pairs.linear_pairs_at if way == "pairs" else loop_rows.linear_rows_at
+    group = loop_rows.group
 
-    def each_row(x: int, rows: int, p: Streamable, out: int) -> None:
+    def grouped(x: int, rows: int, p: Streamable, out: int) -> None:
         if p.grouped is None:
             p.grouped = group(p.weight_bits)
-        alone(x, rows, p.weight_bits, p.grouped, p.bias_bits, out)
+        loop(x, rows, p.weight_bits, p.grouped, p.bias_bits, out)
 
-    return each_row
+    return grouped
 
 
 #: A bfloat16 row kernel taking all it can (an engine makes its own, to lower its rows).

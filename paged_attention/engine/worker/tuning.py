@@ -50,7 +50,7 @@ import torch
 
 from ... import kernels
 from ...kernels import widened
-from ...kernels.rows import Streamed
+from ...kernels.rows import LINEAR_ROWS, Streamed
 from ...models import cpu_dtype, machine_cache
 from ...models.merged_projections import MergedProduct, product_owners
 from ...models.packed_linear import PACKED_DTYPES, PackedLinear, RowKernel
@@ -58,7 +58,10 @@ from ...models.resolve import explain_dtype  # noqa: F401  (re-exported as paged
 
 MARGIN = 1.05  #: a row kernel is kept for a row count where it is at least this many times faster
 CLOSE = 1.15  #: a ratio within this factor of the margin is measured again
-VERSION = 6  #: part of the cache key: a change to the probes or the kernels measures again
+VERSION = 7  #: part of the cache key: a change to the probes or the kernels measures again
+#: The row counts measured, from one up to the kernel's ``most`` (a count between two measured
+#: ones goes as the larger does: the kernel's time grows with the rows as oneDNN's does).
+COUNTS = (1, 2, 3, 4, 8, 12, 16, 24, 32, 48, 64)
 CACHE_NAME = "tuning"
 SMALL_MODEL_BYTES = 64 << 20  #: weights up to this size are not measured (as in ``models.cpu_dtype``)
 
@@ -106,13 +109,14 @@ def tune(model: torch.nn.Module, kernel: RowKernel | None) -> Tuning:
     owners = [o for o in everyone if o.prepared is not None]
     if sum(p.numel() * p.element_size() for p in model.parameters()) <= SMALL_MODEL_BYTES:
         return Tuning(int(getattr(kernel, "rows", 0)) if owners else 0, {})
-    most = int(getattr(kernel, "rows", 0)) if owners and kernels.compiled.available() else 0
+    most = int(getattr(kernel, "most", getattr(kernel, "rows", 0)))  # (a Streamed: more where paired)
+    most = most if owners and kernels.compiled.available() else 0
     shapes = sorted({tuple(o.weight.shape) for o in owners})
     key = machine_cache.machine_key(dtype, type(kernel).__name__, most, shapes, f"tuning {VERSION}")
     stored = _parse(machine_cache.load(CACHE_NAME, key))
     if stored is None:
         found: Seconds = {}
-        for r in range(1, most + 1):  # up to the first row count the kernel loses
+        for r in [c for c in COUNTS if c <= most]:  # up to the first row count the kernel loses
             found[r] = measure_rows(owners, r, dtype)
             if decide(found).rows < r:
                 break
@@ -212,7 +216,12 @@ def _alternating(
 
 
 def _close(rows_seconds: Seconds, gemv_seconds: tuple[float, float] | None = None) -> bool:
-    pairs = [*rows_seconds.values(), *([gemv_seconds] if gemv_seconds else [])]
+    """Whether a measurement of a few rows (at most :data:`..kernels.rows.LINEAR_ROWS`, a decode
+    step's usual product) or of the one-row float32 probe came within :data:`CLOSE` of the margin:
+    past a few rows the kernel meets oneDNN somewhere, by definition close, and what is chosen
+    there matters less."""
+    few = [t for r, t in rows_seconds.items() if r <= LINEAR_ROWS]
+    pairs = [*few, *([gemv_seconds] if gemv_seconds else [])]
     return any(1 / CLOSE < (o / k) / MARGIN < CLOSE for k, o in pairs)
 
 

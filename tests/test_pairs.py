@@ -1,0 +1,92 @@
+"""bfloat16 products of many rows four at a time in pair instructions
+(:mod:`paged_attention.kernels.loop_pairs`): the row loop's bits for every shape (rows padded to
+fours, blocks of rows, tails of K % 32 and N % 4, a bias or none); the row kernel taking them on a
+CPU that multiplies bfloat16 pairs, up to the rows its tuning chose; the tuning's row counts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paged_attention.kernels import compiled, rows
+
+needs_numba = pytest.mark.skipif(not compiled.available(), reason="Numba unavailable")
+
+
+def bits(t: torch.Tensor) -> np.ndarray:
+    return t.contiguous().view(torch.uint16).numpy()
+
+
+def both(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
+    """(linear_pairs, linear_groups) of the same product, as bits."""
+    from paged_attention.kernels import loop_pairs, loop_rows
+
+    w = bits(weight)
+    grouped = loop_rows.group(w)
+    b = bits(bias) if bias is not None else np.zeros(0, np.uint16)
+    pairs = np.full((x.shape[0], w.shape[0]), 0xFFFF, np.uint16)  # (every output must be written)
+    alone = np.zeros_like(pairs)
+    loop_pairs.linear_pairs(bits(x), w, grouped, b, pairs)
+    loop_rows.linear_groups(bits(x), w, grouped, b, alone)
+    return pairs, alone
+
+
+@needs_numba
+@settings(max_examples=40, deadline=None)
+@given(
+    rows_=st.integers(1, 19),
+    n_out=st.integers(1, 40),
+    k_in=st.integers(1, 130),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_four_rows_at_a_time_give_the_row_loops_bits(rows_, n_out, k_in, bias, seed) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows_, k_in, generator=g).bfloat16()
+    weight = torch.randn(n_out, k_in, generator=g).bfloat16()
+    b = torch.randn(n_out, generator=g).bfloat16() if bias else None
+    pairs, alone = both(x, weight, b)
+    np.testing.assert_array_equal(pairs, alone)
+
+
+@needs_numba
+def test_blocks_of_rows_and_the_last_padded_four_give_the_row_loops_bits() -> None:
+    """Past BLOCK_ROWS rows the weights are read again for each block; the last block's padding
+    rows are not written anywhere (SmolLM2's K, a K with a tail, large values that overflow in a
+    few outputs)."""
+    from paged_attention.kernels import loop_pairs
+
+    g = torch.Generator().manual_seed(7)
+    for count, n_out, k_in in [(2 * loop_pairs.BLOCK_ROWS + 3, 13, 576), (loop_pairs.BLOCK_ROWS + 5, 8, 70)]:
+        x = torch.randn(count, k_in, generator=g).bfloat16()
+        x[3, :] = 1.0e38  # (some sums overflow: infinities and NaN come out as the row loop's)
+        x[5, ::2], x[5, 1::2] = 1.0e38, -1.0e38
+        weight = torch.randn(n_out, k_in, generator=g).bfloat16()
+        pairs, alone = both(x, weight, torch.randn(n_out, generator=g).bfloat16())
+        np.testing.assert_array_equal(pairs, alone)
+        assert not np.isfinite(torch.from_numpy(pairs.view(np.int16)).view(torch.bfloat16).float().numpy()).all()
+
+
+@needs_numba
+def test_the_row_kernel_takes_many_rows_in_pairs_only_where_it_multiplies_pairs() -> None:
+    """Streamed(paired=True) takes up to its ``rows`` (PAIRED_ROWS at most, its ``most``) with the
+    bits of each row alone and declines more; not paired, it takes at most LINEAR_ROWS; a kernel
+    that widens never multiplies pairs."""
+    g = torch.Generator().manual_seed(9)
+    weight = torch.randn(24, 64, generator=g).bfloat16()
+    bias = torch.randn(24, generator=g).bfloat16()
+    paired = rows.Streamed(rows=rows.PAIRED_ROWS, wide=False, paired=True)
+    assert paired.most == rows.PAIRED_ROWS and rows.Streamed(wide=False, paired=False).most == rows.LINEAR_ROWS
+    assert not rows.Streamed(wide=True).paired and rows.Streamed(wide=True).most == rows.LINEAR_ROWS
+    prepared = paired.prepare(weight, bias, None)
+    x = torch.randn(rows.PAIRED_ROWS + 1, 64, generator=g).bfloat16()
+    with torch.inference_mode():
+        each = torch.cat([rows.linear_rows(r[None], weight, bias) for r in x])
+        for count in (1, 4, 5, 17, rows.PAIRED_ROWS):
+            assert torch.equal(paired(x[:count], prepared, bias), each[:count])
+        assert paired(x, prepared, bias) is None  # more than it takes: oneDNN's product
+        paired.rows = 8  # as a tuning may lower it
+        assert paired(x[:9], prepared, bias) is None and torch.equal(paired(x[:8], prepared, bias), each[:8])
