@@ -67,7 +67,9 @@ def test_blocks_of_rows_and_the_last_padded_four_give_the_row_loops_bits() -> No
         weight = torch.randn(n_out, k_in, generator=g).bfloat16()
         pairs, alone = both(x, weight, torch.randn(n_out, generator=g).bfloat16())
         np.testing.assert_array_equal(pairs, alone)
-        assert not np.isfinite(torch.from_numpy(pairs.view(np.int16)).view(torch.bfloat16).float().numpy()).all()
+        assert not np.isfinite(
+            torch.from_numpy(pairs.view(np.int16)).view(torch.bfloat16).float().numpy()
+        ).all()
 
 
 @needs_numba
@@ -79,7 +81,9 @@ def test_the_row_kernel_takes_many_rows_in_pairs_only_where_it_multiplies_pairs(
     weight = torch.randn(24, 64, generator=g).bfloat16()
     bias = torch.randn(24, generator=g).bfloat16()
     paired = rows.Streamed(rows=rows.PAIRED_ROWS, wide=False, paired=True)
-    assert paired.most == rows.PAIRED_ROWS and rows.Streamed(wide=False, paired=False).most == rows.LINEAR_ROWS
+    assert (
+        paired.most == rows.PAIRED_ROWS and rows.Streamed(wide=False, paired=False).most == rows.LINEAR_ROWS
+    )
     assert not rows.Streamed(wide=True).paired and rows.Streamed(wide=True).most == rows.LINEAR_ROWS
     prepared = paired.prepare(weight, bias, None)
     x = torch.randn(rows.PAIRED_ROWS + 1, 64, generator=g).bfloat16()

@@ -214,8 +214,14 @@ def test_a_kernel_that_may_take_many_rows_is_measured_at_the_counts_up_to_its_mo
     LINEAR_ROWS rows is stored (somewhere the two meet: close by definition)."""
     monkeypatch.setattr(rows.Streamed, "paired", property(lambda self: True))
     calls = measured_as(monkeypatch, {r: 2.0 for r in (1, 2, 3, 4, 8, 12, 16)} | {24: 1.02})
+    measure = tuning.measure_rows
+    taken = []  # (the most rows the kernel took while measured at each count)
+    monkeypatch.setattr(
+        tuning, "measure_rows", lambda o, r, d: taken.append(o[0].rows.rows) or measure(o, r, d)
+    )
     runner = LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4).llm_engine.runner
     assert calls == [1, 2, 3, 4, 8, 12, 16, 24]
+    assert taken == [rows.PAIRED_ROWS] * 8  # (measured at 8 rows, it must take 8 rows)
     assert runner.tuning.rows == 16
     assert all(o.rows.rows == 16 for o in product_owners(runner.model))
     LLM(dtype="bfloat16", num_kv_blocks=32, block_size=4)  # read back: the close call was stored

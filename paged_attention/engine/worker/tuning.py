@@ -116,6 +116,8 @@ def tune(model: torch.nn.Module, kernel: RowKernel | None) -> Tuning:
     stored = _parse(machine_cache.load(CACHE_NAME, key))
     if stored is None:
         found: Seconds = {}
+        if most and hasattr(kernel, "rows"):
+            kernel.rows = most  # (while measuring it takes every count measured)
         for r in [c for c in COUNTS if c <= most]:  # up to the first row count the kernel loses
             found[r] = measure_rows(owners, r, dtype)
             if decide(found).rows < r:
