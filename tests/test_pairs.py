@@ -94,3 +94,34 @@ def test_the_row_kernel_takes_many_rows_in_pairs_only_where_it_multiplies_pairs(
         assert paired(x, prepared, bias) is None  # more than it takes: oneDNN's product
         paired.rows = 8  # as a tuning may lower it
         assert paired(x[:9], prepared, bias) is None and torch.equal(paired(x[:8], prepared, bias), each[:8])
+
+
+@needs_numba
+def test_the_batch_invariant_mode_multiplies_pairs_whole_where_the_cpu_has_them(monkeypatch) -> None:
+    """A bfloat16 engine in batch-invariant mode on a CPU with bfloat16 pairs (pretended here) gives
+    its layers a row kernel that takes no rows of its own but every product of the mode, whole
+    (four rows at a time: no chunks of padded rows); prompts decoded together get the tokens each
+    gets alone. Without pairs (nor widening) the layers keep oneDNN's chunks."""
+    from paged_attention import LLM, SamplingParams
+    from paged_attention.kernels import widened
+    from paged_attention.models import invariant
+    from paged_attention.models.merged_projections import product_owners
+
+    monkeypatch.setattr(widened, "needed", lambda: False)
+    loop, calls = rows._loop, []
+    monkeypatch.setattr(
+        rows, "_loop", lambda way: lambda x, n, *a: calls.append((way, n)) or loop(way)(x, n, *a)
+    )
+    prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 9, 14)]
+    params = SamplingParams(temperature=0, max_tokens=6)
+    for paired in (True, False):
+        monkeypatch.setattr(rows.Streamed, "paired", property(lambda self, p=paired: p))
+        llm = LLM(dtype="bfloat16", num_kv_blocks=64, block_size=4, batch_invariant=True)
+        owners = product_owners(llm.llm_engine.runner.model)
+        assert all((o.rows is not None and o.rows.rows == 0) is paired for o in owners)
+        calls.clear()
+        together = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert bool(calls) is paired and all(way == "pairs" for way, _ in calls)
+        assert (max((n for _, n in calls), default=0) > invariant.ROWS) is paired  # whole, not chunked
+        alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+        assert together == alone

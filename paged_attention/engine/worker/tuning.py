@@ -11,8 +11,11 @@ version 6, the loop reading a copy of each weight laid out as it reads it, on 64
 loop (in vector lanes since tuning version 3) took 30.3 ms a pass at one row against oneDNN's 34.2,
 and 35.4 against 33.7 at two rows (so: one row; these passes call each layer as the engine does,
 Python included, where :func:`..kernels.rows.linear_rows` quotes the loops alone). So the engine
-measures, on the model it serves: for each row count from one up, a pass over every product of the
-model with the row kernel and with oneDNN; the row kernel keeps the counts where it is at least
+measures, on the model it serves: for each row count from one up (:data:`COUNTS`, up to the kernel's
+``most``: 64 where the CPU multiplies bfloat16 pairs, :mod:`..kernels.loop_pairs`; there, since
+version 7, the AMD EPYC: 18.4 against 22.7 ms at 8 rows, 23.5 against 26.3 at 12, 30.1 against
+31.1 at 16, within the margin: twelve rows), a pass over every product of the model with the row
+kernel and with oneDNN; the row kernel keeps the counts where it is at least
 :data:`MARGIN` times faster (``rows``; 0: none, and its prepared copies are dropped, unless the
 kernel also widens products of many rows, :mod:`..kernels.widened`: then it keeps them for that,
 and takes every product of more than :data:`..kernels.rows.LINEAR_ROWS` rows whatever was chosen).
@@ -31,9 +34,10 @@ the same: False``; vLLM prints True). The loop computes each row alone, the same
 
 What was measured is kept on disk (:mod:`...models.machine_cache`, file ``tuning``) under this
 machine, torch, the thread count, the dtype, the shapes and :data:`VERSION`; a close call (within
-:data:`CLOSE` either way, among the row counts measured: up to the first the kernel loses) is not
-stored, so the next engine measures again. Measuring costs about a second for SmolLM2, once per
-machine; a model of at most :data:`SMALL_MODEL_BYTES` (the embedded one) is not measured and keeps
+:data:`CLOSE` either way, among the row counts measured up to :data:`..kernels.rows.LINEAR_ROWS`)
+is not stored, so the next engine measures again. Measuring costs about a second for SmolLM2 (two
+or three where it measures up to 16 rows), once per machine; a model of at most
+:data:`SMALL_MODEL_BYTES` (the embedded one) is not measured and keeps
 the row kernels, so that tests and notebooks do not depend on the machine's speed. Either way a
 float32 engine's greedy tokens are transformers' (the tests compare every path); where the tiles are
 dropped, a float32 row decoded alone is oneDNN's one-row product again, which may round differently
@@ -66,13 +70,21 @@ CACHE_NAME = "tuning"
 SMALL_MODEL_BYTES = 64 << 20  #: weights up to this size are not measured (as in ``models.cpu_dtype``)
 
 
-def bfloat16_row_kernel() -> Streamed | None:
+def bfloat16_row_kernel(invariant: bool = False) -> Streamed | None:
     """The loops every bfloat16 product takes on a CPU without bfloat16 arithmetic, whatever the
     attention backend (oneDNN emulates it there: on an Ice Lake Xeon SmolLM2's MLP product ran 0.6x
     float32's speed at 16 rows, the loops 1.56x); ``None`` elsewhere, or without Numba. Registered
     with ``dtype="auto"``'s probe (:func:`...models.cpu_dtype.multiply_bfloat16_with`), which then
-    times them."""
-    return Streamed() if widened.needed() and kernels.compiled.available() else None
+    times them. With ``invariant`` (an engine in batch-invariant mode) also where the CPU multiplies
+    bfloat16 pairs, taking no rows of its own (``rows`` 0): there the mode's products go whole
+    through its loops (:meth:`..kernels.rows.Streamed.invariant`), each row alone, instead of
+    oneDNN's chunks of 16 rows, padded (a decode step of one sequence computed 16)."""
+    if not kernels.compiled.available():
+        return None
+    if widened.needed():
+        return Streamed()
+    paired = Streamed(rows=0, wide=False)
+    return paired if invariant and paired.paired else None
 
 
 cpu_dtype.multiply_bfloat16_with(bfloat16_row_kernel)
