@@ -382,3 +382,34 @@ def test_the_products_timer_calls_every_product_the_engine_calls_once_a_pass(mon
     assert seconds > 0 and rows == [3] * 2 * (4 * layers + 1)  # Q/K/V, o, gate/up, down; the output layer
     assert floor_seconds({"bound_s": 0.5, "products_s": 0.75}) == 0.75
     assert floor_seconds({"bound_s": 0.5}) == 0.5  # a row measured before products were
+
+
+def test_the_arithmetic_bound_counts_every_layers_multiply_adds_once_at_a_measured_rate():
+    """multiply_adds of the engine's model (packed, merged) is the plain model's in x out summed over
+    its linear layers (the output layer included); the rate is of one product; the roof is the
+    larger of the two bounds."""
+    from paged_attention.experiments.dtypes import matmul_rate, multiply_adds, roof_seconds
+    from paged_attention.models import load_model
+
+    engine = LLMEngine(num_kv_blocks=16)
+    plain, _ = load_model(None)
+    linear = [m for m in plain.modules() if isinstance(m, torch.nn.Linear)]
+    assert multiply_adds(engine.model) == sum(m.in_features * m.out_features for m in linear) > 0
+    assert matmul_rate(torch.float32, rows=32, size=64, repeats=1) > 0
+    assert roof_seconds({"bound_s": 0.5, "arithmetic_s": 0.75}) == 0.75
+    assert roof_seconds({"bound_s": 0.5}) == 0.5  # a row measured before the arithmetic bound was
+
+
+def test_the_step_figure_marks_the_arithmetic_bound_where_it_was_measured():
+    """One tick per bar where every row has its arithmetic bound; none for a result measured before."""
+    from paged_attention.viz.dtypes import step_vs_bound
+
+    rows = [
+        {"dtype": d, "batch": b, "step_s": 0.02 * b, "bound_s": 0.01, "arithmetic_s": 0.001 * b}
+        for d in ("float32", "bfloat16")
+        for b in (1, 16)
+    ]
+    ticks = step_vs_bound({"rows": rows}).axes[0].collections
+    assert [len(t.get_offsets()) for t in ticks] == [2, 2]
+    old = [{k: v for k, v in r.items() if k != "arithmetic_s"} for r in rows]
+    assert not step_vs_bound({"rows": old}).axes[0].collections

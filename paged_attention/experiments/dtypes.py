@@ -13,6 +13,12 @@ Three measurements, side by side:
   merged, or a row kernel's: what the engine multiplies with) timed by itself on ``batch`` rows
   (:func:`products_seconds`). Past a few rows a step is bound by arithmetic, not by reading: no
   step of this engine beats ``max(bound, products)``, the *floor* the table compares with;
+* **the arithmetic bound**: the step's multiply-adds (every linear layer's ``in x out`` per row,
+  :func:`multiply_adds`) at the best rate this core reaches on one large product of the dtype
+  (:func:`matmul_rate`, the same run): the time a step cannot beat however its weights are read.
+  At one row it is far below the weight-read bound; at 16 rows of SmolLM2 in bfloat16 on the
+  project's AMD EPYC it is above it: such a step is bound by arithmetic there, and its *roof* is
+  the larger of the two;
 * **greedy agreement**: the same chat prompts answered greedily in each dtype, all in one batch:
   how many answers are token for token those of the first dtype (float32), and where the others
   first differ. bfloat16 keeps 8 bits of mantissa, so near-ties between two tokens can flip and the
@@ -22,6 +28,7 @@ Three measurements, side by side:
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,11 +40,12 @@ from ..engine.llm_engine import LLMEngine
 from ..engine.sample.sampling import RequestOutputKind, SamplingParams
 from ..models import explain_dtype, load_model
 from ..models.merged_projections import MergedMember, product_owners
-from ..models.packed_linear import PackedLinear
+from ..models.packed_linear import PackedLinear, pack_weight, packed_product, packing_available
 from .prompts import QUESTIONS
 
 BATCH_SIZES = (1, 16, 64)
 PROBE_BYTES = 256 << 20  #: the buffer streamed to measure bandwidth: far beyond any cache
+RATE_ROWS = 1024  #: rows of the large product that measures the arithmetic rate
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -65,6 +73,29 @@ def memory_bandwidth(repeats: int = 3) -> dict[str, float]:
         return PROBE_BYTES / min(times)
 
     return {"read": best(src.sum), "copy": best(lambda: dst.copy_(src))}
+
+
+def matmul_rate(dtype: torch.dtype, rows: int = RATE_ROWS, size: int = 1024, repeats: int = 3) -> float:
+    """Multiply-adds per second of one large product (``x[rows, size]`` times a ``[4 size, size]``
+    weight, transposed) at ``dtype`` and the current thread count, best of ``repeats``, the weight
+    packed for oneDNN where this CPU packs it (as the engine's layers are): about the most this
+    core's vector lanes or matrix unit give (on the project's AMD EPYC, one thread: 109 GFLOP/s in
+    float32 and 214 in bfloat16, against 117 and 233 for the fused multiply-add and bfloat16 pair
+    instructions back to back in registers)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, size, generator=generator).to(dtype)
+    weight = torch.randn(4 * size, size, generator=generator).to(dtype)
+    product = functools.partial(torch.nn.functional.linear, weight=weight)
+    if packing_available():
+        product = functools.partial(packed_product, packed=pack_weight(weight, rows), bias=None)
+    with torch.inference_mode():
+        product(x)  # warm-up: primitives built, pages touched
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            product(x)
+            best = min(best, time.perf_counter() - start)
+    return rows * size * 4 * size / best
 
 
 def chat_prompts(tokenizer: object, count: int) -> list[dict]:
@@ -126,20 +157,32 @@ def decode_step_seconds(engine: LLMEngine, prompts: Sequence[dict], steps: int, 
     return {"batch": batch, "step_s": step, "forward_s": forward_s, "tokens_per_s": batch / step}
 
 
-def products_seconds(model: torch.nn.Module, rows: int, repeats: int = 3) -> float:
-    """Seconds ``model``'s linear products take for ``rows`` rows each (a decode step of ``rows``
-    sequences), every layer timed as the engine calls it (a merged group once), best of
-    ``repeats`` passes over all of them."""
-    calls = [(owner.product, owner.weight.shape[1]) for owner in product_owners(model)]
+def _products(model: torch.nn.Module) -> list[tuple[Callable[[torch.Tensor], torch.Tensor], int, int]]:
+    """Every product the engine makes per row, as ``(call, in, out)``: a merged group once, every
+    other linear layer once."""
+    calls = [(owner.product, *owner.weight.shape[::-1]) for owner in product_owners(model)]
     calls += [
-        (m, m.in_features)
+        (m, m.in_features, m.out_features)
         for m in model.modules()
         if isinstance(m, torch.nn.Linear)
         and not isinstance(m, PackedLinear)
         and not (isinstance(m, MergedMember) and m.group is not None)
     ]  # the layers neither packed nor merged
+    return calls
+
+
+def multiply_adds(model: torch.nn.Module) -> int:
+    """Multiply-adds of one row (one sequence's decode step) through every linear layer of
+    ``model``, the output layer included."""
+    return sum(k * n for _, k, n in _products(model))
+
+
+def products_seconds(model: torch.nn.Module, rows: int, repeats: int = 3) -> float:
+    """Seconds ``model``'s linear products take for ``rows`` rows each (a decode step of ``rows``
+    sequences), every layer timed as the engine calls it (a merged group once), best of
+    ``repeats`` passes over all of them."""
     dtype = next(model.parameters()).dtype
-    inputs = [(call, torch.randn(rows, k).to(dtype)) for call, k in calls]
+    inputs = [(call, torch.randn(rows, k).to(dtype)) for call, k, _ in _products(model)]
     best = float("inf")
     with torch.inference_mode():
         for _ in range(repeats):
@@ -187,13 +230,13 @@ def compare(
     engine per dtype, then freed; ``compiled``: each engine with ``compilation_config=3``
     (:mod:`..models.compilation`), its compilation done before anything is timed."""
     bandwidth = memory_bandwidth()
-    rows, answers, sizes = [], {}, {}
+    rows, answers, sizes, rates = [], {}, {}, {}
     for name in dtypes:
         hf_model, tokenizer = load_model(model, dtype=name)
         dtype = str(next(hf_model.parameters()).dtype).removeprefix("torch.")
         if dtype in sizes:
             raise ValueError(f"dtypes {list(dtypes)} name {dtype} twice ({name!r} resolves to it)")
-        sizes[dtype] = weight_bytes(hf_model)
+        sizes[dtype], rates[dtype] = weight_bytes(hf_model), matmul_rate(next(hf_model.parameters()).dtype)
         longest = max(len(p["prompt_token_ids"]) for p in chat_prompts(tokenizer, len(QUESTIONS)))
         per_sequence = longest + steps + 2 + max(max_tokens, 64)  # prompt, timed steps, room to spare
         seats = max(*batch_sizes, num_prompts)
@@ -205,6 +248,7 @@ def compare(
             row = decode_step_seconds(engine, chat_prompts(tokenizer, batch), steps)
             row |= {"dtype": dtype, "weight_bytes": sizes[dtype],
                     "bound_s": sizes[dtype] / bandwidth["read"],
+                    "arithmetic_s": multiply_adds(engine.model) * batch / rates[dtype],
                     "products_s": products_seconds(engine.model, batch)}  # fmt: skip
             rows.append(row)
             progress(f"  {dtype}, {batch} sequences: {row['step_s'] * 1e3:.1f} ms per decode step")
@@ -214,12 +258,19 @@ def compare(
     return {
         "rows": rows,
         "bandwidth": bandwidth,
+        "multiply_adds_per_s": rates,
         "agreement": {d: agreement(reference, a) for d, a in answers.items()},
         "auto": explain_dtype(model, "auto"),
         "steps": steps,
         "max_tokens": max_tokens,
         "compiled": compiled,
     }
+
+
+def roof_seconds(row: dict) -> float:
+    """A step's roof: the larger of its weight-read and arithmetic bounds (the first alone in a row
+    measured before the second was)."""
+    return max(row["bound_s"], row.get("arithmetic_s", 0.0))
 
 
 def floor_seconds(row: dict) -> float:

@@ -12,7 +12,8 @@ DTYPE_COLORS = {"float32": COLORS["weights"], "bfloat16": COLORS["tokens"], "flo
 
 def step_vs_bound(result: dict) -> Figure:
     """A decode step's measured time by batch size, per dtype, beside that dtype's weight-read bound
-    (weight bytes / read bandwidth, dashed): :func:`..experiments.dtypes.compare`'s result."""
+    (weight bytes / read bandwidth, dashed) and arithmetic bound (a black tick on each bar):
+    :func:`..experiments.dtypes.compare`'s result."""
     rows = result["rows"]
     dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
     batches = sorted({r["batch"] for r in rows})
@@ -26,9 +27,16 @@ def step_vs_bound(result: dict) -> Figure:
         bound = next(r["bound_s"] for r in rows if r["dtype"] == dtype) * 1e3
         label = f"{dtype}: reading the weights once, {bound:.0f} ms"
         ax.axhline(bound, color=DTYPE_COLORS.get(dtype), linestyle="--", linewidth=1, label=label)
+        arithmetic = {
+            r["batch"]: r["arithmetic_s"] * 1e3 for r in rows if r["dtype"] == dtype and "arithmetic_s" in r
+        }
+        if len(arithmetic) == len(batches):  # (a result measured before the arithmetic bound was)
+            label = "the step's multiply-adds at one large product's rate" if i == 0 else None
+            heights = [arithmetic[b] for b in batches]
+            ax.scatter(xs, heights, marker="_", s=260, linewidths=2, color="black", zorder=3, label=label)
     ax.set_xticks(range(len(batches)), [f"{b} sequence{'s' * (b != 1)}" for b in batches])
     ax.set_ylabel("ms per decode step")
-    ax.set_title("A decode step against its weight-read bound (measured)")
+    ax.set_title("A decode step against its weight-read and arithmetic bounds (measured)")
     ax.legend(frameon=False, loc="upper left", fontsize=8)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()

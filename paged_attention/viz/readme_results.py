@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from ..experiments import paper
-from ..experiments.dtypes import floor_seconds
+from ..experiments.dtypes import floor_seconds, roof_seconds
 from ..experiments.paper import LABELS
 from ..experiments.throughput import step_time_by_batch
 from .style import figures_dir
@@ -115,20 +115,23 @@ def dtypes_block(folder: Path | None = None) -> str:
         f"({where(r)}): "
         f"sequences decoding at once, the median of {r['steps']} steps; the weight-read bound is the "
         f"weights' bytes over this core's read bandwidth, measured in the same run ({read:.1f} GB/s "
-        f"reading, {copy:.1f} GB/s copying); products: the step's matrix products alone, each layer "
-        f"timed as the engine multiplies; the floor is the larger of the two:",
+        f"reading, {copy:.1f} GB/s copying); arithmetic: the step's multiply-adds at the rate of one "
+        f"large product of the dtype, the same run; the roof is the larger of those two bounds; "
+        f"products: the step's matrix products alone, each layer timed as the engine multiplies; the "
+        f"floor is the larger of the weight-read bound and the products:",
         "",
-        f"| dtype | sequences | ms per step | tokens/s | vs {names[0]} | bound, ms | products, ms | "
-        f"step/bound | step/floor |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| dtype | sequences | ms per step | tokens/s | vs {names[0]} | bound, ms | arithmetic, ms | "
+        f"products, ms | step/bound | step/roof | step/floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
         products = f"{row['products_s'] * 1e3:.1f}" if "products_s" in row else "-"
+        arithmetic = f"{row['arithmetic_s'] * 1e3:.1f}" if "arithmetic_s" in row else "-"
         lines.append(
             f"| {row['dtype']} | {row['batch']} | {row['step_s'] * 1e3:.1f} | {row['tokens_per_s']:.1f} | "
             f"**{row['tokens_per_s'] / base[row['batch']]:.2f}x** | {row['bound_s'] * 1e3:.1f} | "
-            f"{products} | {row['step_s'] / row['bound_s']:.2f}x | "
-            f"{row['step_s'] / floor_seconds(row):.2f}x |"
+            f"{arithmetic} | {products} | {row['step_s'] / row['bound_s']:.2f}x | "
+            f"{row['step_s'] / roof_seconds(row):.2f}x | {row['step_s'] / floor_seconds(row):.2f}x |"
         )
     agreement = "; ".join(
         f"{name} {a['identical']}/{a['prompts']}" for name, a in r["agreement"].items() if name != names[0]

@@ -1,8 +1,9 @@
 """``python -m paged_attention bench engine --dtype float32 bfloat16``: the dtypes side by side.
 
-Decode tokens/s at each batch size, the step against the weight-read bound, and greedy agreement
-with the first dtype (:mod:`paged_attention.experiments.dtypes`); writes ``figures/dtypes.{json,png}``,
-or with ``--compile`` (the engine compiled) ``figures/dtypes_compiled.{json,png}``.
+Decode tokens/s at each batch size, the step against the weight-read and arithmetic bounds, and
+greedy agreement with the first dtype (:mod:`paged_attention.experiments.dtypes`); writes
+``figures/dtypes.{json,png}``, or with ``--compile`` (the engine compiled)
+``figures/dtypes_compiled.{json,png}``.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ def run(
         f"memory bandwidth, streaming {dtypes.PROBE_BYTES >> 20} MiB: read {read:.1f} GB/s, "
         f"copy {copy:.1f} GB/s (bytes copied)"
     )
+    rates = ", ".join(f"{d} {r * 2 / 1e9:.0f}" for d, r in result["multiply_adds_per_s"].items())
+    print(f"one large product ({dtypes.RATE_ROWS} rows), GFLOP/s: {rates}")
     first = result["rows"][0]["dtype"]
     speed = dtypes.speedups(result, first)
-    header = ("dtype", "seqs", "ms/step", "tok/s", f"vs {first}", "bound ms", "prod. ms")
-    header += ("step/bound", "step/floor")
+    header = ("dtype", "seqs", "ms/step", "tok/s", f"vs {first}", "bound ms", "arith. ms", "prod. ms")
+    header += ("step/bound", "step/roof", "step/floor")
     print("\n" + " ".join(f"{h:>10}" for h in header))
     for r in result["rows"]:
         cells = (
@@ -44,8 +47,10 @@ def run(
             f"{r['tokens_per_s']:.1f}",
             f"{speed[r['dtype']][r['batch']]:.2f}x",
             f"{r['bound_s'] * 1e3:.1f}",
+            f"{r['arithmetic_s'] * 1e3:.1f}",
             f"{r['products_s'] * 1e3:.1f}",
             f"{r['step_s'] / r['bound_s']:.2f}x",
+            f"{r['step_s'] / dtypes.roof_seconds(r):.2f}x",
             f"{r['step_s'] / dtypes.floor_seconds(r):.2f}x",
         )
         print(" ".join(f"{c:>10}" for c in cells))
