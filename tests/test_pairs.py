@@ -101,13 +101,15 @@ def test_the_batch_invariant_mode_multiplies_pairs_whole_where_the_cpu_has_them(
     """A bfloat16 engine in batch-invariant mode on a CPU with bfloat16 pairs (pretended here) gives
     its layers a row kernel that takes no rows of its own but every product of the mode, whole
     (four rows at a time: no chunks of padded rows); prompts decoded together get the tokens each
-    gets alone. Without pairs (nor widening) the layers keep oneDNN's chunks."""
+    gets alone. Without pairs (nor widening) the layers keep oneDNN's chunks, and so with AMX tiles."""
     from paged_attention import LLM, SamplingParams
+    from paged_attention.engine.worker import tuning
     from paged_attention.kernels import widened
     from paged_attention.models import invariant
     from paged_attention.models.merged_projections import product_owners
 
     monkeypatch.setattr(widened, "needed", lambda: False)
+    monkeypatch.setattr(tuning, "_tiles", lambda: False)  # (with AMX oneDNN's chunks stay)
     loop, calls = rows._loop, []
     monkeypatch.setattr(
         rows, "_loop", lambda way: lambda x, n, *a: calls.append((way, n)) or loop(way)(x, n, *a)
@@ -125,3 +127,8 @@ def test_the_batch_invariant_mode_multiplies_pairs_whole_where_the_cpu_has_them(
         assert (max((n for _, n in calls), default=0) > invariant.ROWS) is paired  # whole, not chunked
         alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
         assert together == alone
+    monkeypatch.setattr(rows.Streamed, "paired", property(lambda self: True))
+    assert tuning.bfloat16_row_kernel(invariant=True) is not None
+    assert tuning.bfloat16_row_kernel(invariant=False) is None  # (the fast path measures its own)
+    monkeypatch.setattr(tuning, "_tiles", lambda: True)
+    assert tuning.bfloat16_row_kernel(invariant=True) is None
