@@ -34,20 +34,27 @@ def both(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tu
     return pairs, alone
 
 
+SPECIALS = (float("nan"), float("inf"), -float("inf"), 1e-39, 3.0e38, 1.00390625)  # (a subnormal; a tie)
+
+
 @needs_numba
 @settings(max_examples=40, deadline=None)
 @given(
-    rows_=st.integers(1, 19),
+    rows_=st.one_of(st.integers(1, 19), st.integers(60, 140)),  # (past one block of rows, and not)
     n_out=st.integers(1, 40),
     k_in=st.integers(1, 130),
     bias=st.booleans(),
     seed=st.integers(0, 2**16),
+    specials=st.lists(st.sampled_from(SPECIALS), max_size=3),
 )
-def test_four_rows_at_a_time_give_the_row_loops_bits(rows_, n_out, k_in, bias, seed) -> None:
+def test_four_rows_at_a_time_give_the_row_loops_bits(rows_, n_out, k_in, bias, seed, specials) -> None:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows_, k_in, generator=g).bfloat16()
     weight = torch.randn(n_out, k_in, generator=g).bfloat16()
     b = torch.randn(n_out, generator=g).bfloat16() if bias else None
+    for i, value in enumerate(specials):  # in the inputs, the weights and the bias in turn
+        target = (x, weight, b if b is not None else x)[i % 3].view(-1)
+        target[int(torch.randint(target.numel(), (1,), generator=g))] = value
     pairs, alone = both(x, weight, b)
     np.testing.assert_array_equal(pairs, alone)
 
@@ -73,10 +80,10 @@ def test_blocks_of_rows_and_the_last_padded_four_give_the_row_loops_bits() -> No
 
 
 @needs_numba
-def test_the_row_kernel_takes_many_rows_in_pairs_only_where_it_multiplies_pairs() -> None:
-    """Streamed(paired=True) takes up to its ``rows`` (PAIRED_ROWS at most, its ``most``) with the
-    bits of each row alone and declines more; not paired, it takes at most LINEAR_ROWS; a kernel
-    that widens never multiplies pairs."""
+def test_the_row_kernel_takes_many_rows_in_pairs_only_where_it_multiplies_pairs(monkeypatch) -> None:
+    """Streamed(paired=True) takes up to its ``rows`` (PAIRED_ROWS at most, its ``most``) through the
+    pairs' loop with the bits of each row alone and declines more; not paired, it takes at most
+    LINEAR_ROWS; a kernel that widens never multiplies pairs."""
     g = torch.Generator().manual_seed(9)
     weight = torch.randn(24, 64, generator=g).bfloat16()
     bias = torch.randn(24, generator=g).bfloat16()
@@ -87,10 +94,13 @@ def test_the_row_kernel_takes_many_rows_in_pairs_only_where_it_multiplies_pairs(
     assert not rows.Streamed(wide=True).paired and rows.Streamed(wide=True).most == rows.LINEAR_ROWS
     prepared = paired.prepare(weight, bias, None)
     x = torch.randn(rows.PAIRED_ROWS + 1, 64, generator=g).bfloat16()
+    loop, ways = rows._loop, []
+    monkeypatch.setattr(rows, "_loop", lambda way: ways.append(way) or loop(way))
     with torch.inference_mode():
         each = torch.cat([rows.linear_rows(r[None], weight, bias) for r in x])
         for count in (1, 4, 5, 17, rows.PAIRED_ROWS):
             assert torch.equal(paired(x[:count], prepared, bias), each[:count])
+        assert ways == ["pairs"] * 5
         assert paired(x, prepared, bias) is None  # more than it takes: oneDNN's product
         paired.rows = 8  # as a tuning may lower it
         assert paired(x[:9], prepared, bias) is None and torch.equal(paired(x[:8], prepared, bias), each[:8])

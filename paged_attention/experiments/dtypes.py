@@ -38,6 +38,7 @@ import torch
 from ..engine.chat import render_chat
 from ..engine.llm_engine import LLMEngine
 from ..engine.sample.sampling import RequestOutputKind, SamplingParams
+from ..kernels.rows import Streamed
 from ..models import explain_dtype, load_model
 from ..models.merged_projections import MergedMember, product_owners
 from ..models.packed_linear import PackedLinear, pack_weight, packed_product, packing_available
@@ -77,24 +78,32 @@ def memory_bandwidth(repeats: int = 3) -> dict[str, float]:
 
 def matmul_rate(dtype: torch.dtype, rows: int = RATE_ROWS, size: int = 1024, repeats: int = 3) -> float:
     """Multiply-adds per second of one large product (``x[rows, size]`` times a ``[4 size, size]``
-    weight, transposed) at ``dtype`` and the current thread count, best of ``repeats``, the weight
-    packed for oneDNN where this CPU packs it (as the engine's layers are): about the most this
-    core's vector lanes or matrix unit give (on the project's AMD EPYC, one thread: 109 GFLOP/s in
-    float32 and 214 in bfloat16, against 117 and 233 for the fused multiply-add and bfloat16 pair
-    instructions back to back in registers)."""
+    weight, transposed) at ``dtype`` and the current thread count, best of ``repeats``, the fastest
+    way this package multiplies: oneDNN's product of the weight packed as the engine packs it (where
+    this CPU packs it) and, in bfloat16, the engine's own loops where they take many rows (a CPU
+    without bfloat16 arithmetic, whose oneDNN emulates it; AVX512-BF16's pairs). About the most the
+    core gives: on the project's AMD EPYC, one thread, ~110 GFLOP/s in float32 and ~215-220 in
+    bfloat16 (oneDNN's, both), against 117 and 233 for the fused multiply-add and bfloat16 pair
+    instructions back to back in registers."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(rows, size, generator=generator).to(dtype)
     weight = torch.randn(4 * size, size, generator=generator).to(dtype)
-    product = functools.partial(torch.nn.functional.linear, weight=weight)
+    ways = [functools.partial(torch.nn.functional.linear, weight=weight)]
     if packing_available():
-        product = functools.partial(packed_product, packed=pack_weight(weight, rows), bias=None)
+        ways = [functools.partial(packed_product, packed=pack_weight(weight, rows), bias=None)]
+    loops = Streamed(rows=0)
+    prepared = loops.prepare(weight, None, torch.nn.functional.linear)
+    if prepared is not None and (loops.wide or loops.paired):
+        ways.append(functools.partial(loops.invariant, prepared=prepared, bias=None))  # (every row count)
+    best = float("inf")
     with torch.inference_mode():
-        product(x)  # warm-up: primitives built, pages touched
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            product(x)
-            best = min(best, time.perf_counter() - start)
+        for product in ways:
+            if product(x) is None:  # warm-up: primitives built, pages touched (None: it declined)
+                continue
+            for _ in range(repeats):
+                start = time.perf_counter()
+                product(x)
+                best = min(best, time.perf_counter() - start)
     return rows * size * 4 * size / best
 
 

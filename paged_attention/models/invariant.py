@@ -19,8 +19,9 @@ row's result depends only on the row (checked: within a 16-row product a row's p
 change its bits; ``tests/test_batch_invariant.py``). The price: padding (a decode step of 1 sequence
 computes 16 rows) and a product per 16 rows instead of one large one. Where the layer's row kernel
 sums each output alone in one order whatever the rows (bfloat16 on a CPU without bfloat16
-arithmetic or with AVX512-BF16's pair instructions, :meth:`..kernels.rows.Streamed.invariant`, about
-as fast as oneDNN's product there), it takes the whole product instead, unpadded.
+arithmetic, or with AVX512-BF16's pair instructions and no AMX tiles,
+:meth:`..kernels.rows.Streamed.invariant`, about as fast as oneDNN's product there), it takes the
+whole product instead, unpadded.
 
 The contract: inside the context, ``layer(x)[i]`` is bit for bit ``layer(x[i:i+1])[0]`` for every row
 ``i`` and any batch ``x`` of the same dtype, on the same machine and thread count; outside it,

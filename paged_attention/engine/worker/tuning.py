@@ -14,8 +14,9 @@ Python included, where :func:`..kernels.rows.linear_rows` quotes the loops alone
 measures, on the model it serves: for each row count from one up (:data:`COUNTS`, up to the kernel's
 ``most``: 64 where the CPU multiplies bfloat16 pairs, :mod:`..kernels.loop_pairs`; there, since
 version 7, the AMD EPYC: 18.4 against 22.7 ms at 8 rows, 23.5 against 26.3 at 12, 30.1 against
-31.1 at 16, within the margin: twelve rows), a pass over every product of the model with the row
-kernel and with oneDNN; the row kernel keeps the counts where it is at least
+31.1 at 16, within the margin: twelve rows; a CPU where the row loop already loses at two or
+three rows, as the AMX Xeon's did, never tries the four-row tile), a pass over every product of
+the model with the row kernel and with oneDNN; the row kernel keeps the counts where it is at least
 :data:`MARGIN` times faster (``rows``; 0: none, and its prepared copies are dropped, unless the
 kernel also widens products of many rows, :mod:`..kernels.widened`: then it keeps them for that,
 and takes every product of more than :data:`..kernels.rows.LINEAR_ROWS` rows whatever was chosen).
