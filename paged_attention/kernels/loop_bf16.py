@@ -40,7 +40,7 @@ from numba import njit
 
 from . import lanes
 from .lanes import prefetch_l2
-from .loop_nest import online_softmax, rounded, stamp, store
+from .loop_nest import following, online_softmax, rounded, stamp, store
 
 stamp(Path(__file__))
 stamp(Path(__file__), Path(lanes.__file__))  # the vector lanes are compiled into these loops too
@@ -75,12 +75,7 @@ def decode(query, key_cache, value_cache, blocks, seq_lens, scale, out):  # prag
         for j in range(num_blocks):
             block = blocks[s, j]
             count = min(block_size, n - j * block_size)  # the last block may be partial
-            if j + 1 < num_blocks:
-                upcoming = blocks[s, j + 1]
-            elif s + 1 < num_seqs:
-                upcoming = blocks[s + 1, 0]
-            else:
-                upcoming = block
+            upcoming = following(blocks, s, j, num_blocks, num_seqs, block)
             first, ahead = block * block_size * row, upcoming * block_size * row
             for t in range(count):  # the keys (and the next block's keys asked for)
                 at = first + t * row

@@ -113,6 +113,18 @@ def _rounded(x, like):
 
 
 @njit(inline="always")
+def following(blocks, s, j, num_blocks, num_seqs, block):  # pragma: no cover - compiled
+    """The block a decode walk of ``num_seqs`` sequences reads after block ``j`` (``block``) of
+    sequence ``s``, whose blocks number ``num_blocks``: its next, else the next sequence's first,
+    else ``block`` itself (what the walk asks for ahead of time)."""
+    if j + 1 < num_blocks:
+        return blocks[s, j + 1]
+    if s + 1 < num_seqs:
+        return blocks[s + 1, 0]
+    return block
+
+
+@njit(inline="always")
 def online_softmax(scores, count, best, total, acc):
     """One block's scores ``scores[i, :count]`` of each query head ``i`` into their weights
     ``exp(score - max)``, and the head's running maximum ``best[i]``, sum ``total[i]`` and accumulator
@@ -212,12 +224,7 @@ def decode(
             for h in range(num_kv_heads):
                 k_scale[h] = k_scales[block, h]
                 v_scale[h] = v_scales[block, h]
-            if j + 1 < num_blocks:
-                upcoming = blocks[s, j + 1]
-            elif s + 1 < num_seqs:
-                upcoming = blocks[s + 1, 0]
-            else:
-                upcoming = block
+            upcoming = following(blocks, s, j, num_blocks, num_seqs, block)
             for t in range(count):  # the keys
                 for c in range(0, row, line):
                     prefetch_l2(value_cache, (block * block_size + t) * row + c)

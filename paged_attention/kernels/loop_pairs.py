@@ -28,12 +28,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from numba import carray, njit
+from numba import njit
 
 from . import lanes, loop_rows
-from .lanes import address, prefetch_l2
-from .loop_nest import rounded, stamp, widen
-from .loop_rows import GROUP, linear_groups
+from .lanes import prefetch_l2
+from .loop_nest import stamp, widen
+from .loop_rows import GROUP, _finish, linear_groups, views
 
 stamp(Path(__file__))
 stamp(Path(__file__), Path(lanes.__file__))  # the vector lanes are compiled into these loops too
@@ -115,15 +115,10 @@ def _quads(x, weight, grouped, bias, biases, out, inputs, lo, hi, n, whole):  # 
                 for g in range(GROUP):
                     out[m + r, n + g] = bits[4 * r + g] >> 16
             continue
-        lanes.store(sums, 0, t)
+        lanes.store(sums, 0, t)  # (K % 32 left: the row loop's last steps, rare, so through its helper)
         for r in range(min(4, rows - m)):
             for g in range(GROUP):
-                s = sums[4 * r + g]
-                for k in range(whole, k_in):
-                    s += widen(x[m + r, k]) * widen(weight[n + g, k])
-                if bias.shape[0] > 0:
-                    s += widen(bias[n + g])
-                out[m + r, n + g] = rounded(s, out)
+                _finish(x, weight, bias, out, m + r, n + g, whole, sums[4 * r + g])
 
 
 @njit(inline="always")
@@ -134,9 +129,6 @@ def _dots(a0, a1, a2, a3, w0, w1, w2, w3, v):  # pragma: no cover - compiled
 
 @njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
 def linear_pairs_at(x_address, rows, weight, grouped, bias, out_address):  # pragma: no cover - compiled
-    """:func:`linear_pairs` of the C-order bfloat16 ``x[rows, K]`` and ``out[rows, N]`` at the
-    addresses given (the caller keeps both alive and of that shape and kind)."""
-    n_out, k_in = weight.shape
-    x = carray(address(x_address), (rows, k_in), np.uint16)
-    out = carray(address(out_address), (rows, n_out), np.uint16)
+    """:func:`linear_pairs` of ``x`` and ``out`` at the addresses given (:func:`.loop_rows.views`)."""
+    x, out = views(x_address, rows, weight, out_address)
     linear_pairs(x, weight, grouped, bias, out)

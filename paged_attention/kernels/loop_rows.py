@@ -126,13 +126,20 @@ def linear_groups(x, weight, grouped, bias, out):  # pragma: no cover - compiled
             _finish(x, weight, bias, out, m, n, whole, lanes.total(a0))
 
 
+@njit(inline="always")
+def views(x_address, rows, weight, out_address):  # pragma: no cover - compiled
+    """The C-order bfloat16 ``x[rows, K]`` and ``out[rows, N]`` at the addresses given, as arrays
+    (``K``, ``N``: ``weight``'s; the caller keeps both alive and of that shape and kind)."""
+    n_out, k_in = weight.shape
+    return carray(address(x_address), (rows, k_in), np.uint16), carray(
+        address(out_address), (rows, n_out), np.uint16
+    )
+
+
 @njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
 def linear_rows_at(x_address, rows, weight, grouped, bias, out_address):  # pragma: no cover - compiled
-    """:func:`linear_groups` of the C-order bfloat16 ``x[rows, K]`` and ``out[rows, N]`` at the
-    addresses given (the caller keeps both alive and of that shape and kind)."""
-    n_out, k_in = weight.shape
-    x = carray(address(x_address), (rows, k_in), np.uint16)
-    out = carray(address(out_address), (rows, n_out), np.uint16)
+    """:func:`linear_groups` of ``x`` and ``out`` at the addresses given (:func:`views`)."""
+    x, out = views(x_address, rows, weight, out_address)
     linear_groups(x, weight, grouped, bias, out)
 
 
@@ -289,11 +296,8 @@ def _singles(x, weight, weights, bias, out, flat, m, lo, hi, chunks, first):  # 
 
 @njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
 def linear_quads_at(x_address, rows, weight, bias, out_address):  # pragma: no cover - compiled
-    """:func:`linear_quads` of ``x[rows, K]`` and ``out[rows, N]`` at the addresses given (as
-    :func:`linear_rows_at`)."""
-    n_out, k_in = weight.shape
-    x = carray(address(x_address), (rows, k_in), np.uint16)
-    out = carray(address(out_address), (rows, n_out), np.uint16)
+    """:func:`linear_quads` of ``x`` and ``out`` at the addresses given (:func:`views`)."""
+    x, out = views(x_address, rows, weight, out_address)
     linear_quads(x, weight, bias, out)
 
 
