@@ -213,7 +213,7 @@ def test_every_loop_file_using_loop_nests_helpers_stamps_itself_on_import() -> N
         calls = [n.value for n in tree.body if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)]
         calls = [c for c in calls if getattr(c.func, "id", "") == "stamp"]
         assert [ast.unparse(c) for c in calls][:1] == ["stamp(Path(__file__))"], path.name
-    assert users == ["loop_amx.py", "loop_bf16.py", "loop_int8.py", "loop_pairs.py", "loop_rows.py"]
+    assert users == ["loop_amx.py", "loop_bf16.py", "loop_columns.py", "loop_int8.py", "loop_rows.py"]
 
 
 def test_a_rows_bits_do_not_depend_on_the_rows_beside_it() -> None:
@@ -239,7 +239,7 @@ def test_the_grouped_copy_holds_each_weight_once_and_gives_the_weights_own_bits(
     for out_features, in_features in [(7, 33), (64, 576), (13, 1536), (3, 40)]:
         weight = torch.randn(out_features, in_features, generator=g).bfloat16()
         b = torch.randn(out_features, generator=g).bfloat16()
-        kernel = rows.Streamed()
+        kernel = rows.Streamed(wide=False, paired=False)  # (the row loop: its copy)
         prepared = kernel.prepare(weight, b, None)
         assert prepared.grouped is None  # made by the first product that reads it
         x = torch.randn(rows.LINEAR_ROWS, in_features, generator=g).bfloat16()

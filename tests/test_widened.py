@@ -197,7 +197,7 @@ def test_every_backend_multiplies_bfloat16_through_the_loops_where_onednn_emulat
 
 @needs_numba
 @pytest.mark.skipif(not packed_linear.packing_available(), reason="oneDNN cannot pack here")
-@pytest.mark.parametrize("way", ["quads", "pairs", None])
+@pytest.mark.parametrize("way", ["quads", "columns", None])
 def test_the_batch_invariant_mode_takes_a_widening_kernels_products_whole(monkeypatch, way) -> None:
     """In the mode a packed layer and a merged group whose row kernel widens (a CPU without
     bfloat16 arithmetic) or multiplies pairs (AVX512-BF16: pretended either way) multiply every
@@ -208,10 +208,10 @@ def test_the_batch_invariant_mode_takes_a_widening_kernels_products_whole(monkey
 
     g = torch.Generator().manual_seed(4)
     q, k = torch.nn.Linear(40, 24, bias=False).bfloat16(), torch.nn.Linear(40, 8, bias=False).bfloat16()
-    kernel = rows.Streamed(wide=way == "quads", paired=way == "pairs")
+    kernel = rows.Streamed(wide=way == "quads", paired=way == "columns")
     layer = packed_linear.PackedLinear(torch.nn.Linear(40, 24).bfloat16(), kernel)
     owners = [layer, MergedProduct([q, k], kernel)]
-    calls = count_widened(monkeypatch, ("quads", "pairs"))
+    calls = count_widened(monkeypatch, ("quads", "columns"))
     x = torch.randn(invariant.ROWS + 5, 40, generator=g).bfloat16()
     for owner in owners:
         with torch.inference_mode(), invariant.batch_invariant():

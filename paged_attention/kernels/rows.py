@@ -82,8 +82,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 #: The most rows :func:`linear_rows` multiplies (more rows: oneDNN's packed product is faster).
 LINEAR_ROWS = 4
-#: The most rows :class:`Streamed` may take on a CPU that multiplies bfloat16 pairs (four rows at a
-#: time, :mod:`.loop_pairs`), if an engine's tuning measures it faster than oneDNN there.
+#: The most rows :class:`Streamed` may take on a CPU that multiplies bfloat16 pairs (one lane per
+#: output column, :mod:`.loop_columns`), if an engine's tuning measures it faster than oneDNN there.
 PAIRED_ROWS = 64
 
 
@@ -138,9 +138,12 @@ class Streamable:
     bias: Tensor | None  #: ``[N]``, the bias the layer had when the weight was prepared
     weight_bits: np.ndarray  #: the weight as ``uint16``
     bias_bits: np.ndarray  #: the bias as ``uint16`` (length 0: none)
-    #: the weight's bits in the order the loop reads them (:func:`.loop_rows.group`), a copy made
+    #: the weight's bits in the order the row loop reads them (:func:`.loop_rows.group`), a copy made
     #: by the first product that reads it (dropped with the rest where an engine's tuning keeps oneDNN's)
     grouped: np.ndarray | None = None
+    #: the same for the column loop (:func:`.loop_columns.arrange`), where the CPU multiplies pairs
+    #: (one copy or the other is made, never both: each CPU takes one of the two loops)
+    arranged: np.ndarray | None = None
 
 
 class Streamed:
@@ -149,9 +152,10 @@ class Streamed:
     takes products of up to ``rows`` rows (an engine's tuning sets it, up to :attr:`most`) and, if
     ``wide`` (by default: where :func:`.widened.needed`, a CPU without bfloat16 arithmetic), those
     of more than :data:`LINEAR_ROWS` rows too; there, from :data:`.widened.WIDE_ROWS` rows on,
-    four rows at a time (:mod:`.widened`). Where ``paired`` (a CPU with AVX512-BF16,
-    :func:`.lanes.paired`) four rows at a time from the grouped copy (:mod:`.loop_pairs`). Every
-    way gives each output the bits of the row loop, whatever rows are beside it."""
+    four rows at a time (:mod:`.widened`): the row loop's bits. Where ``paired`` (a CPU with
+    AVX512-BF16, :func:`.lanes.paired`) every count goes to the column loop (:mod:`.loop_columns`,
+    from its own copy of the weight): other bits than the row loop's. Either way a row gets the
+    bits it gets alone, whatever rows are beside it."""
 
     def __init__(self, rows: int = LINEAR_ROWS, wide: bool | None = None, paired: bool | None = None) -> None:
         self.rows = rows
@@ -168,8 +172,8 @@ class Streamed:
 
     @property
     def paired(self) -> bool:
-        """Whether it multiplies four rows at a time with bfloat16 pair instructions (asked on
-        first use, as :attr:`wide`; never where it widens)."""
+        """Whether it multiplies with bfloat16 pair instructions, one lane per output column
+        (:mod:`.loop_columns`; asked on first use, as :attr:`wide`; never where it widens)."""
         if self._paired is None:
             from . import lanes  # imported late: importing Numba costs half a second
 
@@ -217,10 +221,10 @@ class Streamed:
         return _by_address(x, rows, prepared, self._way(rows))
 
     def _way(self, rows: int) -> str:
-        """Which loop takes ``rows`` rows (:func:`_loop`; all give the same bits)."""
+        """Which loop takes ``rows`` rows (:func:`_loop`; on one CPU, all give a row the same bits)."""
         if self.wide:
             return "quads" if rows >= widened.WIDE_ROWS else "rows"
-        return "pairs" if self.paired else "rows"
+        return "columns" if self.paired else "rows"
 
 
 def _rows(x: Tensor, prepared: Streamable) -> int:
@@ -240,7 +244,7 @@ def _direct(bias: Tensor | None, prepared: Streamable) -> bool:
 
 def _by_address(x: Tensor, rows: int, prepared: Streamable, way: str) -> Tensor | None:
     """The loop's product of the bfloat16 ``x[..., K]`` (``rows`` rows), by address, the ``way``
-    :func:`_loop` names (the same bits each); ``None`` if Numba cannot compile it."""
+    :func:`_loop` names (on one CPU, the same bits each); ``None`` if Numba cannot compile it."""
     x = x.contiguous()
     out = torch.empty((*x.shape[:-1], prepared.weight_bits.shape[0]), dtype=torch.bfloat16)
     try:  # (by address: both contiguous bfloat16, alive until the loop returns)
@@ -262,16 +266,24 @@ def _same(bias: Tensor | None, kept: Tensor | None) -> bool:
 @functools.cache
 def _loop(way: str) -> Callable[[int, int, Streamable, int], None]:
     """The loop by address, ``(x_address, rows, prepared, out_address)``: ``"quads"``, four rows at
-    a time widened (:mod:`.widened`, the weights in their own layout); ``"pairs"``, four rows at a
-    time in pair instructions (:mod:`.loop_pairs`); ``"rows"``, each row alone. The last two read
-    the grouped copy, made by the first product that reads it."""
-    from . import loop_pairs, loop_rows  # imported late: importing Numba costs half a second
+    a time widened (:mod:`.widened`, the weights in their own layout); ``"rows"``, each row alone
+    from the grouped copy; ``"columns"``, one lane per output column from the arranged copy
+    (:mod:`.loop_columns`). A copy is made by the first product that reads it."""
+    from . import loop_columns, loop_rows  # imported late: importing Numba costs half a second
 
     if way == "quads":
         quads = loop_rows.linear_quads_at
         return lambda x, rows, p, out: quads(x, rows, p.weight_bits, p.bias_bits, out)
-    loop = loop_pairs.linear_pairs_at if way == "pairs" else loop_rows.linear_rows_at
-    group = loop_rows.group
+    if way == "columns":
+        columns, arrange = loop_columns.linear_columns_at, loop_columns.arrange
+
+        def arranged(x: int, rows: int, p: Streamable, out: int) -> None:
+            if p.arranged is None:
+                p.arranged = arrange(p.weight_bits)
+            columns(x, rows, p.weight_bits, p.arranged, p.bias_bits, out)
+
+        return arranged
+    loop, group = loop_rows.linear_rows_at, loop_rows.group
 
     def grouped(x: int, rows: int, p: Streamable, out: int) -> None:
         if p.grouped is None:

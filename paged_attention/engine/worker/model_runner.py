@@ -269,7 +269,7 @@ class ModelRunner:
         few = (Streamed() if bf16 else Tiled()) if fast else None
         if few is None and bf16 and on_cpu:  # the loops on a CPU without bfloat16 arithmetic, in any
             few = bfloat16_row_kernel(self.batch_invariant)  # backend and mode (in the mode: their
-            # invariant product, whole; there also with AVX512-BF16 and no AMX: pairs, four rows at a time)
+            # invariant product, whole; there also with AVX512-BF16 and no AMX: the column loop)
         self.num_merged_groups = merge_projections(model, few) if on_cpu else 0
         self.num_packed_layers = pack_linear_layers(model, rows=few) if on_cpu else 0
         #: This machine's measured choices (``None``: not the compiled CPU backend)

@@ -12,10 +12,10 @@ loop (in vector lanes since tuning version 3) took 30.3 ms a pass at one row aga
 and 35.4 against 33.7 at two rows (so: one row; these passes call each layer as the engine does,
 Python included, where :func:`..kernels.rows.linear_rows` quotes the loops alone). So the engine
 measures, on the model it serves: for each row count from one up (:data:`COUNTS`, up to the kernel's
-``most``: 64 where the CPU multiplies bfloat16 pairs, :mod:`..kernels.loop_pairs`; there, since
-version 7, the AMD EPYC: 18.4 against 22.7 ms at 8 rows, 23.5 against 26.3 at 12, 30.1 against
-31.1 at 16, within the margin: twelve rows; a CPU where the row loop already loses at two or
-three rows, as the AMX Xeon's did, never tries the four-row tile), a pass over every product of
+``most``: 64 where the CPU multiplies bfloat16 pairs, :mod:`..kernels.loop_columns`; there, since
+version 8, the AMD EPYC: 22.6 against 34.5 ms at 8 rows, 39.2 against 42.6 at 16, 95.0 against
+102.6 at 64, so all 64; a CPU where the kernel already loses at two or three rows never tries more),
+a pass over every product of
 the model with the row kernel and with oneDNN; the row kernel keeps the counts where it is at least
 :data:`MARGIN` times faster (``rows``; 0: none, and its prepared copies are dropped, unless the
 kernel also widens products of many rows, :mod:`..kernels.widened`: then it keeps them for that,
@@ -63,7 +63,7 @@ from ...models.resolve import explain_dtype  # noqa: F401  (re-exported as paged
 
 MARGIN = 1.05  #: a row kernel is kept for a row count where it is at least this many times faster
 CLOSE = 1.15  #: a ratio within this factor of the margin is measured again
-VERSION = 7  #: part of the cache key: a change to the probes or the kernels measures again
+VERSION = 8  #: part of the cache key: a change to the probes or the kernels measures again
 #: The row counts measured, from one up to the kernel's ``most`` (a count between two measured
 #: ones goes as the larger does: the kernel's time grows with the rows as oneDNN's does).
 COUNTS = (1, 2, 3, 4, 8, 12, 16, 24, 32, 48, 64)
