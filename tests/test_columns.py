@@ -34,15 +34,17 @@ def columns(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
 
 def in_order(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The order of sums the loop promises, in PyTorch: per output one float32 sum from zero over
-    the pairs of K in order, the odd element's product first; the bias; rounded once (the
-    products of two bfloat16 are exact in float32); NaN as ``0x7FC0``."""
-    xs, ws = x.float(), weight.float()
+    the pairs of K in order, the odd element's product first, each step a fused multiply-add (the
+    exact product added, then rounded to float32: in float64, where the product of two bfloat16
+    is exact and the sum of it and a float32 rounds to float32 as if done at once); the bias;
+    rounded once to bfloat16; NaN as ``0x7FC0``."""
+    xs, ws = x.double(), weight.double()
     if x.shape[1] % 2:  # (an odd K's last pair: a zero beside it)
         xs, ws = torch.nn.functional.pad(xs, (0, 1)), torch.nn.functional.pad(ws, (0, 1))
     total = torch.zeros(x.shape[0], weight.shape[0])
     for p in range(xs.shape[1] // 2):
         for k in (2 * p + 1, 2 * p):
-            total = total + xs[:, k, None] * ws[None, :, k]
+            total = (total.double() + xs[:, k, None] * ws[None, :, k]).float()
     if bias is not None:
         total = total + bias.float()
     out = total.bfloat16()
@@ -50,14 +52,14 @@ def in_order(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     return out
 
 
-SPECIALS = (float("nan"), float("inf"), -float("inf"), 3.0e38, 1.00390625)  # (overflows; a tie)
+SPECIALS = (float("nan"), float("inf"), -float("inf"), 3.0e38, -3.0e38)  # (products past float32's range)
 
 
 @needs_numba
 @settings(max_examples=40, deadline=None)
 @given(
-    count=st.one_of(st.integers(1, 30), st.integers(110, 140)),  # (past one block of rows, and not)
-    n_out=st.integers(1, 70),
+    count=st.one_of(st.just(1), st.integers(2, 30), st.integers(110, 140)),  # (one row; past a block)
+    n_out=st.one_of(st.integers(1, 70), st.sampled_from([32, 64, 96, 97, 128, 160])),  # (whole blocks)
     k_in=st.integers(1, 130),
     bias=st.booleans(),
     seed=st.integers(0, 2**16),
@@ -75,13 +77,48 @@ def test_each_output_is_summed_in_the_promised_order(count, n_out, k_in, bias, s
 
 
 @needs_numba
+def test_every_tile_and_tail_writes_each_output_once_in_the_promised_order() -> None:
+    """A grid over every tile (12, 8, 4, the one-row loop over two blocks and its odd last block),
+    more than BLOCK_ROWS rows, whole blocks and the last columns aside, K odd and 1; the output is a
+    window of a larger array filled with a sentinel, which nothing outside the window may change
+    (every output is checked, so each is written)."""
+    from paged_attention.kernels import loop_columns
+
+    g = torch.Generator().manual_seed(11)
+    for count in (1, 2, 3, 4, 5, 8, 9, 12, 13, 27, loop_columns.BLOCK_ROWS, loop_columns.BLOCK_ROWS + 13):
+        for n_out in (1, 31, 32, 33, 64, 96, 97):
+            for k_in in (1, 2, 3, 33):
+                x = torch.randn(count, k_in, generator=g).bfloat16()
+                weight = torch.randn(n_out, k_in, generator=g).bfloat16()
+                b = torch.randn(n_out, generator=g).bfloat16() if k_in % 2 else None
+                frame = np.full(count * n_out + 64, 0xABCD, np.uint16)
+                out = frame[32:-32].reshape(count, n_out)  # (a C-order window, 32 sentinels each side)
+                bias = bits(b) if b is not None else np.zeros(0, np.uint16)
+                loop_columns.linear_columns(bits(x), loop_columns.arrange(bits(weight)), bias, out)
+                np.testing.assert_array_equal(out, bits(in_order(x, weight, b)))
+                assert (frame[:32] == 0xABCD).all() and (frame[-32:] == 0xABCD).all()
+
+
+@needs_numba
+def test_products_past_float32s_range_are_not_rounded_on_their_own() -> None:
+    """Each step is a fused multiply-add (as ``vdpbf16ps`` and its two-FMA coding): -2 * 3e38 is
+    not -inf before the next product is added (the sums below stay finite, or +inf, not NaN)."""
+    cases = [([-2.0, 1.0, 0.0, 0.0], [3.0e38, 3.0e38, 0.0, 0.0]), ([-2.0, float("inf")], [3.0e38, 1.0])]
+    for xs, ws in cases:
+        x, weight = torch.tensor([xs]).bfloat16(), torch.tensor([ws]).bfloat16()
+        got = columns(x, weight, None)
+        np.testing.assert_array_equal(bits(got), bits(in_order(x, weight, None)))
+        assert not got.isnan().any()
+
+
+@needs_numba
 def test_a_rows_bits_are_those_it_gets_alone_in_every_tile() -> None:
-    """Row counts that take every tile (12, 8, 4, the one-row loop) and a second block of rows:
+    """Row counts that take every tile (12 + 12 + 4, 12 + 8, the one-row loop) and a second block of rows:
     each row's bits are those it gets alone, and within two roundings of F.linear's value."""
     from paged_attention.kernels import loop_columns
 
     g = torch.Generator().manual_seed(3)
-    for count, n_out, k_in in [(loop_columns.BLOCK_ROWS + 7, 70, 577), (23, 96, 64), (1, 33, 5)]:
+    for count, n_out, k_in in [(loop_columns.BLOCK_ROWS + 7, 70, 577), (27, 96, 64), (1, 33, 5)]:
         x = torch.randn(count, k_in, generator=g).bfloat16()
         weight = torch.randn(n_out, k_in, generator=g).bfloat16()
         b = torch.randn(n_out, generator=g).bfloat16()
@@ -172,3 +209,43 @@ def test_the_batch_invariant_mode_multiplies_columns_whole_where_the_cpu_has_pai
     assert tuning.bfloat16_row_kernel(invariant=False) is None  # (the fast path measures its own)
     monkeypatch.setattr(tuning, "_tiles", lambda: True)
     assert tuning.bfloat16_row_kernel(invariant=True) is None
+
+
+@needs_numba
+def test_a_step_with_prompt_rows_leaves_every_product_to_onednn(monkeypatch) -> None:
+    """Inside ``prompt_rows`` a kernel that multiplies pairs declines every product (oneDNN's then,
+    whose bits for a row do not depend on the rows beside it) and one that widens keeps them; an
+    engine holds it for the steps with prompt rows only, so a prompt's rows left after a cached
+    prefix meet the same product as the prompt whole, and the answers are the same."""
+    from paged_attention import LLM, SamplingParams
+    from paged_attention.kernels import widened
+
+    g = torch.Generator().manual_seed(2)
+    weight = torch.randn(24, 64, generator=g).bfloat16()
+    x = torch.randn(8, 64, generator=g).bfloat16()
+    paired = rows.Streamed(rows=rows.PAIRED_ROWS, wide=False, paired=True)
+    wide = rows.Streamed(wide=True)
+    with torch.inference_mode():
+        prepared, kept = paired.prepare(weight, None, None), wide.prepare(weight, None, None)
+        with rows.prompt_rows():
+            assert paired(x, prepared, None) is None and wide(x, kept, None) is not None
+        with rows.prompt_rows(False):
+            assert paired(x, prepared, None) is not None
+    monkeypatch.setattr(widened, "needed", lambda: False)
+    monkeypatch.setattr(rows.Streamed, "paired", property(lambda self: True))
+    loop, calls = rows._loop, []
+    monkeypatch.setattr(
+        rows, "_loop", lambda way: lambda x, n, *a: calls.append(rows._prompts.get()) or loop(way)(x, n, *a)
+    )
+    prefix = list(range(5, 5 + 32))  # (two blocks of 16: cached whole)
+    prompts = [{"prompt_token_ids": [*prefix, 40 + i, 50 + i, 60 + i]} for i in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=8)
+    answers = []
+    for caching in (False, True):
+        llm = LLM(dtype="bfloat16", num_kv_blocks=64, block_size=16, enable_prefix_caching=caching)
+        if caching:
+            llm.generate(prompts[:1], params, use_tqdm=False)
+        calls.clear()
+        answers.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
+        assert calls and not any(calls)  # the kernel took decode steps' products, no prompt's
+    assert answers[0] == answers[1]

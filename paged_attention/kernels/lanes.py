@@ -327,10 +327,11 @@ def paired() -> bool:
 @intrinsic
 def dot(typingctx, acc, a, b):
     """``acc`` plus the products of the 32 bfloat16 pairs that ``a`` and ``b`` hold as bits (loaded
-    from ``uint16`` arrays): lane ``j`` gets ``a[2j+1] b[2j+1]``, then ``a[2j] b[2j]``, each addition
-    rounded (the products are exact). One ``vdpbf16ps`` where the code may use it (:func:`paired`),
-    else the same two steps in fused multiply-adds: the same bits, except near float32's least
-    normal number (1.2e-38), since the instruction treats subnormal inputs, accumulators and
+    from ``uint16`` arrays): lane ``j`` gets ``a[2j+1] b[2j+1]``, then ``a[2j] b[2j]``, each step a
+    fused multiply-add (the exact product added, then rounded to float32: a product past float32's
+    range is not rounded to infinity on its own). One ``vdpbf16ps`` where the code may use it
+    (:func:`paired`), else the same two steps in fused multiply-adds: the same bits, except near
+    float32's least normal number (1.2e-38), since the instruction treats subnormal inputs, accumulators and
     results as zero (tests/test_lanes.py compares the two codings)."""
 
     def codegen(context, builder, signature, args):

@@ -7,13 +7,15 @@ weights. Here a lane is an output *column*: the weights are arranged (:func:`arr
 ``w[n, 2p + 1]``); the input row's pair ``x[2p], x[2p + 1]`` is broadcast to every lane, and one
 ``vdpbf16ps`` (:func:`.lanes.dot`) adds both products to all 16 sums. No totals at all. A tile is
 up to 12 input rows against 32 columns (two vectors): 24 sums in registers, two weight loads per 24
-pair instructions; each block of 32 columns' weights streams from memory once per call (the
+pair instructions; each block of 32 columns' weights streams from memory once per call of up to
+:data:`BLOCK_ROWS` rows (the
 processor's prefetcher follows it: asking for lines ahead measured slower, 150 against 176
 GFLOP/s at 12 rows), then from the L2 cache for the block's next tiles.
 
 **The bits.** Each output is one float32 sum over the pairs in order (``p`` rising; within a pair,
-``x[2p + 1] w[n, 2p + 1]`` first, as :func:`.lanes.dot`), starting from zero; then the bias; then
-rounded once to bfloat16 (nearest even, NaN as ``0x7FC0``). That order does not depend on the rows
+``x[2p + 1] w[n, 2p + 1]`` first, as :func:`.lanes.dot`), starting from zero, each step a fused
+multiply-add (the exact product added, then rounded to float32); then the bias; then rounded once
+to bfloat16 (nearest even, NaN as ``0x7FC0``). That order does not depend on the rows
 beside it nor on which tile took it (rows are padded with zeros, their outputs not kept), so **a
 row gets the bits it gets alone**: the batch-invariant mode's promise. The bits differ from the row
 loop's (another order of sums) and from oneDNN's, within a rounding or two; subnormal values count
@@ -40,12 +42,13 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from . import lanes
+from . import lanes, loop_rows
 from .loop_nest import stamp, widen
 from .loop_rows import views
 
 stamp(Path(__file__))
 stamp(Path(__file__), Path(lanes.__file__))  # the vector lanes are compiled into these loops too
+stamp(Path(__file__), Path(loop_rows.__file__))  # and the row loop's views (linear_columns_at)
 
 #: Output columns per block: two vectors of 16 lanes.
 COLUMNS = 32
@@ -129,7 +132,7 @@ def linear_columns(x, arranged, bias, out):  # pragma: no cover - compiled
     rows, k_in = x.shape
     n_out = out.shape[1]
     half = (k_in + 1) // 2
-    blocks = arranged.shape[0] // (half * 2 * COLUMNS) if half > 0 else 0
+    blocks = (n_out + COLUMNS - 1) // COLUMNS  # (as arrange made them)
     width = 2 * half
     inputs = lanes.aligned((rows + 12, width), np.uint16)  # (zeros: an odd K's last pair, padded rows)
     inputs[:rows, :k_in] = x

@@ -18,8 +18,10 @@ rounding, its sums in another order than oneDNN's).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,8 +104,8 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     model promises transformers' greedy tokens. ``None`` where it does not apply (more rows,
     another dtype or device, shapes that do not match, autograd, Numba unavailable): the caller
     multiplies as before. :class:`Streamed` is the engine's way in (the views made once, and a copy
-    of the weight laid out as the loop reads it: 1.5-2.3x as fast on the AMD EPYC,
-    :func:`.loop_rows.linear_groups`)."""
+    of the weight laid out as the loop reads it, :func:`.loop_rows.linear_groups`; on a CPU with
+    AVX512-BF16 it takes the column loop instead, :mod:`.loop_columns`)."""
     rows = x.numel() // max(1, x.shape[-1])
     if rows > LINEAR_ROWS or rows == 0 or x.dtype != torch.bfloat16 or torch.is_grad_enabled():
         return None
@@ -127,6 +129,27 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
+_prompts: contextvars.ContextVar[bool] = contextvars.ContextVar("prompt_rows", default=False)
+
+
+@contextlib.contextmanager
+def prompt_rows(held: bool = True) -> Iterator[None]:
+    """Within this context (an engine step that ``held`` prompt rows) a :class:`Streamed` kernel that
+    multiplies pairs takes no product: every product is oneDNN's, whose bits for a row do not depend
+    on the rows beside it (it sums each output over K in one order whatever the row count), so a
+    prompt computed whole or after a cached prefix gets the same bits, as in vLLM, whose every
+    product is oneDNN's (vLLM's ``prefix_caching.py`` example prints that its answers are the same).
+    The column loop takes only some row counts (those its tuning measured faster), so a prompt's
+    rows left after a cached prefix would otherwise meet it and the same prompt whole oneDNN. A
+    kernel that widens keeps every product (oneDNN emulates bfloat16 there; its loops take every
+    count past a few rows, with the row loop's bits)."""
+    token = _prompts.set(held)
+    try:
+        yield
+    finally:
+        _prompts.reset(token)
+
+
 @dataclass(eq=False)
 class Streamable:
     """What :class:`Streamed` keeps for one weight: the tensors and their bits as NumPy views, made
@@ -148,14 +171,16 @@ class Streamable:
 
 class Streamed:
     """:func:`linear_rows` as a row kernel of :mod:`..models.packed_linear`: for a contiguous
-    bfloat16 weight it keeps a :class:`Streamable` (views; the grouped copy when first read). It
+    bfloat16 weight it keeps a :class:`Streamable` (views; the grouped or the arranged copy when
+    first read). It
     takes products of up to ``rows`` rows (an engine's tuning sets it, up to :attr:`most`) and, if
     ``wide`` (by default: where :func:`.widened.needed`, a CPU without bfloat16 arithmetic), those
     of more than :data:`LINEAR_ROWS` rows too; there, from :data:`.widened.WIDE_ROWS` rows on,
     four rows at a time (:mod:`.widened`): the row loop's bits. Where ``paired`` (a CPU with
     AVX512-BF16, :func:`.lanes.paired`) every count goes to the column loop (:mod:`.loop_columns`,
     from its own copy of the weight): other bits than the row loop's. Either way a row gets the
-    bits it gets alone, whatever rows are beside it."""
+    bits it gets alone, whatever rows are beside it (a bias other than the one prepared, rare: the
+    row loop's product up to :data:`LINEAR_ROWS` rows, oneDNN's beyond)."""
 
     def __init__(self, rows: int = LINEAR_ROWS, wide: bool | None = None, paired: bool | None = None) -> None:
         self.rows = rows
@@ -203,6 +228,8 @@ class Streamed:
         rows = _rows(x, prepared)
         wide = rows >= widened.WIDE_ROWS and self.wide  # (past LINEAR_ROWS, whatever the tuning chose)
         if not (0 < rows <= self.rows or (wide and rows > LINEAR_ROWS)):
+            return None
+        if _prompts.get() and self.paired:  # (a step with prompt rows: oneDNN's, see prompt_rows)
             return None
         if not _direct(bias, prepared):
             return (widened.linear if wide else linear_rows)(x, prepared.weight, bias)  # (checks, views)

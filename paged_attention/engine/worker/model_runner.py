@@ -41,7 +41,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from ... import kernels
 from ...kernels import reference
 from ...kernels.layout import pad_block_ids
-from ...kernels.rows import Streamed, replace_norms
+from ...kernels.rows import Streamed, prompt_rows, replace_norms
 from ...kernels.tiled import Tiled
 from ...models import invariant
 from ...models.compilation import CompilationConfig, compile_model
@@ -378,7 +378,7 @@ class ModelRunner:
         position_ids = torch.tensor([positions], device=device)
         prepared = time.perf_counter()
         mode = invariant.batch_invariant() if self.batch_invariant else contextlib.nullcontext()
-        with forward_context(ctx), mode:
+        with forward_context(ctx), mode, prompt_rows(not all(decoding)):  # (prompts: oneDNN's products)
             hidden = self._forward(input_ids=input_ids, position_ids=position_ids, use_cache=False)[0]
             logits = (
                 self.lm_head(hidden[0, last_rows])

@@ -1,26 +1,27 @@
 """Which kernel multiplies a few rows faster on this machine, measured once per machine and model.
 
 The compiled backend's products of a few rows (a step of one to four sequences) can go to oneDNN's
-packed product or to the engine's row kernel (bfloat16 weights streamed from a copy laid out as read,
-:class:`..kernels.rows.Streamed`, float32 ones from tiles summed in oneDNN's order,
-:mod:`..kernels.tiled`). Neither wins everywhere: on this project's 2-core AMD EPYC (AVX512-BF16) a
-pass of the bfloat16 loop over SmolLM2's products took 13.2 ms at one row against oneDNN's 23.6,
-14.6 against 25.3 at two, 16.4 against 21.5 at three, 17.8 against 20.5 at four (since tuning
-version 6, the loop reading a copy of each weight laid out as it reads it, on 64-byte lines:
-21.6 against 21.8 at one row before, a tie); on a 2-core Xeon with AMX the bfloat16
-loop (in vector lanes since tuning version 3) took 30.3 ms a pass at one row against oneDNN's 34.2,
-and 35.4 against 33.7 at two rows (so: one row; these passes call each layer as the engine does,
-Python included, where :func:`..kernels.rows.linear_rows` quotes the loops alone). So the engine
-measures, on the model it serves: for each row count from one up (:data:`COUNTS`, up to the kernel's
-``most``: 64 where the CPU multiplies bfloat16 pairs, :mod:`..kernels.loop_columns`; there, since
-version 8, the AMD EPYC: 22.6 against 34.5 ms at 8 rows, 39.2 against 42.6 at 16, 95.0 against
-102.6 at 64, so all 64; a CPU where the kernel already loses at two or three rows never tries more),
-a pass over every product of
+packed product or to the engine's row kernel (bfloat16 weights streamed from a copy laid out as
+read, :class:`..kernels.rows.Streamed`, float32 ones from tiles summed in oneDNN's order,
+:mod:`..kernels.tiled`). Neither wins everywhere: on this project's 2-core AMD EPYC (AVX512-BF16),
+before the column loop took the bfloat16 products of such CPUs (tuning version 8, below), a pass of
+the row loop over SmolLM2's products took 13.2 ms at one row against oneDNN's 23.6, 14.6 against
+25.3 at two, 16.4 against 21.5 at three, 17.8 against 20.5 at four (since tuning version 6, the loop
+reading a copy of each weight laid out as it reads it, on 64-byte lines: 21.6 against 21.8 at one
+row before, a tie); on a 2-core Xeon with AMX the bfloat16 row loop (in vector lanes since tuning
+version 3) took 30.3 ms a pass at one row against oneDNN's 34.2, and 35.4 against 33.7 at two rows
+(so: one row; that Xeon, which has AVX512-BF16 too, now takes the column loop, not measured there;
+these passes call each layer as the engine does, Python included, where
+:func:`..kernels.rows.linear_rows` quotes the loops alone). So the engine measures, on the model it
+serves: for each row count from one up (:data:`COUNTS`, up to the kernel's ``most``: 64 where the
+CPU multiplies bfloat16 pairs, :mod:`..kernels.loop_columns`; there, since version 8, the AMD EPYC:
+22.6 against 34.5 ms at 8 rows, 39.2 against 42.6 at 16, 95.0 against 102.6 at 64, so all 64; a CPU
+where the kernel already loses at two or three rows never tries more), a pass over every product of
 the model with the row kernel and with oneDNN; the row kernel keeps the counts where it is at least
 :data:`MARGIN` times faster (``rows``; 0: none, and its prepared copies are dropped, unless the
-kernel also widens products of many rows, :mod:`..kernels.widened`: then it keeps them for that,
-and takes every product of more than :data:`..kernels.rows.LINEAR_ROWS` rows whatever was chosen).
-A float32 model is also timed at one row through torch's own ``F.linear`` (MKL's matrix-vector
+kernel also widens products of many rows, :mod:`..kernels.widened`: then it keeps them for that, and
+takes every product of more than :data:`..kernels.rows.LINEAR_ROWS` rows whatever was chosen). A
+float32 model is also timed at one row through torch's own ``F.linear`` (MKL's matrix-vector
 product, :func:`...models.packed_linear.one_row`), against oneDNN in alternation: where it is at
 least :data:`MARGIN` times faster than both others, every layer takes it for one row (``gemv``). On
 an Ice Lake Xeon it read SmolLM2's weights at 12.3-13.1 GB/s, oneDNN at 9.7-10.5 and the tiles at
@@ -36,8 +37,8 @@ the same: False``; vLLM prints True). The loop computes each row alone, the same
 What was measured is kept on disk (:mod:`...models.machine_cache`, file ``tuning``) under this
 machine, torch, the thread count, the dtype, the shapes and :data:`VERSION`; a close call (within
 :data:`CLOSE` either way, among the row counts measured up to :data:`..kernels.rows.LINEAR_ROWS`)
-is not stored, so the next engine measures again. Measuring costs about a second for SmolLM2 (two
-or three where it measures up to 16 rows), once per machine; a model of at most
+is not stored, so the next engine measures again. Measuring costs about a second for SmolLM2 (a
+few where it measures up to 64 rows), once per machine; a model of at most
 :data:`SMALL_MODEL_BYTES` (the embedded one) is not measured and keeps
 the row kernels, so that tests and notebooks do not depend on the machine's speed. Either way a
 float32 engine's greedy tokens are transformers' (the tests compare every path); where the tiles are
