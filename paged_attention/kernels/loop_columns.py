@@ -7,10 +7,9 @@ weights. Here a lane is an output *column*: the weights are arranged (:func:`arr
 ``w[n, 2p + 1]``); the input row's pair ``x[2p], x[2p + 1]`` is broadcast to every lane, and one
 ``vdpbf16ps`` (:func:`.lanes.dot`) adds both products to all 16 sums. No totals at all. A tile is
 up to 12 input rows against 32 columns (two vectors): 24 sums in registers, two weight loads per 24
-pair instructions; each block of 32 columns' weights streams from memory once per call of up to
-:data:`BLOCK_ROWS` rows (the
-processor's prefetcher follows it: asking for lines ahead measured slower, 150 against 176
-GFLOP/s at 12 rows), then from the L2 cache for the block's next tiles.
+pair instructions; each block of 32 columns' weights streams from memory once per
+:data:`BLOCK_ROWS` rows (the processor's prefetcher follows it: asking for lines ahead measured
+slower, 150 against 176 GFLOP/s at 12 rows), then from the L2 cache for the block's next tiles.
 
 **The bits.** Each output is one float32 sum over the pairs in order (``p`` rising; within a pair,
 ``x[2p + 1] w[n, 2p + 1]`` first, as :func:`.lanes.dot`), starting from zero, each step a fused
