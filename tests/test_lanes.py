@@ -134,31 +134,28 @@ def test_dot_adds_the_pairs_odd_first_rounding_each_step_with_or_without_the_bf1
 
 
 @numba.njit(boundscheck=False)
-def _totals(x, each, together, bits):  # pragma: no cover - compiled
-    for i in range(16):
-        each[i] = lanes.total(lanes.load(x, 16 * i))
-    a, b, c, d = lanes.load(x, 0), lanes.load(x, 16), lanes.load(x, 32), lanes.load(x, 48)
-    e, f, g, h = lanes.load(x, 64), lanes.load(x, 80), lanes.load(x, 96), lanes.load(x, 112)
-    i, j, k, m = lanes.load(x, 128), lanes.load(x, 144), lanes.load(x, 160), lanes.load(x, 176)
-    n, o, p, q = lanes.load(x, 192), lanes.load(x, 208), lanes.load(x, 224), lanes.load(x, 240)
-    lanes.store(together, 0, lanes.totals((a, b, c, d, e, f, g, h, i, j, k, m, n, o, p, q)))
+def _narrowed(x, bits, spread, stored):  # pragma: no cover - compiled
     lanes.store(bits, 0, lanes.narrowed(lanes.load(x, 0)))
+    lanes.store(spread, 0, lanes.pair(stored, 3))
+    lanes.put(stored, 8, lanes.narrowed(lanes.load(x, 0)))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_totals_of_sixteen_sums_are_each_sums_total_and_narrowed_is_torchs_rounding(seed):
-    """``totals`` gives lane ``i`` the bits ``total`` gives sum ``i`` (large and small values
-    mixed, so that the order of the additions shows; infinities and NaN too); ``narrowed`` puts
-    each lane's bfloat16 bits (torch's rounding, ties to even, NaN as 0x7FC0) in its high half."""
+def test_narrowed_is_torchs_rounding_and_pair_and_put_move_bfloat16_bits(seed):
+    """``narrowed`` puts each lane's bfloat16 bits (torch's rounding, ties to even, NaN as 0x7FC0)
+    in its high half; ``put`` stores those 16 halves, nothing beside them; ``pair`` reads the 32
+    bits at an element (unaligned) into every lane."""
     generator = np.random.default_rng(seed)
-    x = (generator.standard_normal(256) * 10.0 ** generator.integers(-8, 9, 256)).astype(np.float32)
+    x = (generator.standard_normal(16) * 10.0 ** generator.integers(-8, 9, 16)).astype(np.float32)
     x[:6] = [1.00390625, 1.01171875, np.inf, -np.inf, np.nan, 3.0e38]  # ties, specials, near overflow
-    x[20] = np.inf
-    x[40], x[41] = np.inf, -np.inf
-    each, together, bits = np.zeros(16, np.float32), np.zeros(16, np.float32), np.zeros(16, np.uint32)
-    _totals(x, each, together, bits)
-    np.testing.assert_array_equal(together.view(np.uint32), each.view(np.uint32))
-    expected = torch.from_numpy(x[:16]).bfloat16().view(torch.int16).numpy().view(np.uint16)
-    expected = np.where(np.isnan(x[:16]), np.uint16(0x7FC0), expected)
+    bits, spread = np.zeros(16, np.uint32), np.zeros(16, np.uint32)
+    stored = np.arange(32, dtype=np.uint16)
+    _narrowed(x, bits, spread, stored)
+    expected = torch.from_numpy(x).bfloat16().view(torch.int16).numpy().view(np.uint16)
+    expected = np.where(np.isnan(x), np.uint16(0x7FC0), expected)
     np.testing.assert_array_equal(bits >> 16, expected)
     assert not (bits & 0xFFFF).any()
+    assert (spread == (4 << 16 | 3)).all()  # (elements 3 and 4, little-endian)
+    np.testing.assert_array_equal(stored[8:24], expected)
+    np.testing.assert_array_equal(stored[:8], np.arange(8))  # (nothing beside the 16 written)
+    np.testing.assert_array_equal(stored[24:], np.arange(24, 32))

@@ -15,6 +15,7 @@ and every operation is one vector instruction (or a short fixed sequence of them
 * :func:`fma`: ``a * b + c`` rounded once; :func:`total`: the sum of the 16 lanes, in a fixed order;
 * :func:`dot`: ``acc`` plus the pairwise products of 32 bfloat16 in two values of bits;
   :func:`odd`, :func:`even`: the two halves of such a value, widened (``dot``'s two steps, apart);
+  :func:`pair`: one bfloat16 pair in every lane; :func:`narrowed`, :func:`put`: to bfloat16, stored;
 * :func:`aligned`: scratch arrays that start on a 64-byte line;
 * ``prefetch``, ``prefetch_l2``: ask for a cache line ahead (into the L1, into the L2); :func:`address`:
   a tensor's ``data_ptr()`` as a pointer (the loops of :mod:`.loop_nest` and its siblings use them).
@@ -249,28 +250,6 @@ def total(typingctx, x):
 
 
 @intrinsic
-def totals(typingctx, sums):
-    """The totals of 16 values of lanes (a tuple) as the 16 lanes of one, in order: the halving
-    steps of :func:`total`, each made for several sums at once by gathering their halves into
-    two values (the same additions, so the same bits; 15 additions instead of 60)."""
-
-    def codegen(context, builder, signature, args):
-        values = [builder.extract_value(args[0], i) for i in range(LANES)]
-        width = LANES  # the lanes each sum still spans; each value holds LANES // width sums
-        while width > 1:
-            half, pairs = width // 2, []
-            for a, b in zip(values[::2], values[1::2], strict=True):
-                low = [s + j for s in range(0, 2 * LANES, width) for j in range(half)]
-                picks = [ir.Constant(_WORDS, low), ir.Constant(_WORDS, [i + half for i in low])]
-                pairs.append(_op(builder, "fadd", *(builder.shuffle_vector(a, b, c) for c in picks)))
-            values, width = pairs, half
-        return values[0]
-
-    if isinstance(sums, types.UniTuple) and sums.count == LANES and isinstance(sums.dtype, Lanes):
-        return lanes(sums), codegen
-
-
-@intrinsic
 def narrowed(typingctx, x):
     """Each lane's bfloat16 bits (nearest, ties to even; NaN as ``0x7FC0``, as
     :func:`.loop_nest.narrow_bits`) in the high half of its 32 bits, the low half zero."""
@@ -283,6 +262,32 @@ def narrowed(typingctx, x):
         return builder.bitcast(builder.select(nan, word(0x7FC00000), near), _VECTOR)
 
     return lanes(lanes), codegen
+
+
+@intrinsic
+def pair(typingctx, array, offset):
+    """The 32 bits at element ``offset`` of a ``uint16`` array (one bfloat16 pair) in every lane."""
+
+    def codegen(context, builder, signature, args):
+        word = builder.load(_pointer(context, builder, signature, args, _WORD), align=1)
+        one = builder.insert_element(ir.Constant(_WORDS, ir.Undefined), word, _WORD(0))
+        return builder.bitcast(builder.shuffle_vector(one, one, _splat(0, _WORDS)), _VECTOR)
+
+    return lanes(array, offset), codegen
+
+
+@intrinsic
+def put(typingctx, array, offset, bits):
+    """Store the high halves of ``bits``' lanes (:func:`narrowed`'s bfloat16 bits) as 16 ``uint16``
+    from element ``offset``."""
+
+    def codegen(context, builder, signature, args):
+        halves = ir.VectorType(ir.IntType(16), LANES)
+        high = builder.trunc(builder.lshr(builder.bitcast(args[2], _WORDS), _splat(16, _WORDS)), halves)
+        builder.store(high, _pointer(context, builder, signature, args, halves), align=1)
+        return context.get_dummy_value()
+
+    return types.void(array, offset, bits), codegen
 
 
 def _widened(builder, bits, odd: bool):
@@ -328,11 +333,10 @@ def paired() -> bool:
 def dot(typingctx, acc, a, b):
     """``acc`` plus the products of the 32 bfloat16 pairs that ``a`` and ``b`` hold as bits (loaded
     from ``uint16`` arrays): lane ``j`` gets ``a[2j+1] b[2j+1]``, then ``a[2j] b[2j]``, each step a
-    fused multiply-add (the exact product added, then rounded to float32: a product past float32's
-    range is not rounded to infinity on its own). One ``vdpbf16ps`` where the code may use it
-    (:func:`paired`), else the same two steps in fused multiply-adds: the same bits, except near
-    float32's least normal number (1.2e-38), since the instruction treats subnormal inputs, accumulators and
-    results as zero (tests/test_lanes.py compares the two codings)."""
+    fused multiply-add (a product past float32's range is not infinity on its own). One
+    ``vdpbf16ps`` where the code may use it (:func:`paired`), else the same two steps in fused
+    multiply-adds: the same bits, except near float32's least normal number (1.2e-38), since the
+    instruction treats subnormal inputs, accumulators and results as zero (tests/test_lanes.py)."""
 
     def codegen(context, builder, signature, args):
         acc, x, y = args

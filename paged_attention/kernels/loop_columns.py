@@ -55,43 +55,6 @@ COLUMNS = 32
 #: 360 KiB); more rows pass over the weights again.
 BLOCK_ROWS = 120
 
-_WORDS = ir.VectorType(ir.IntType(32), lanes.LANES)
-_HALVES = ir.VectorType(ir.IntType(16), lanes.LANES)
-
-
-def _pointer(context, builder, signature, args, kind):
-    """``&array[offset]`` for an intrinsic's ``(array, offset)``, as a pointer to ``kind``."""
-    data = context.make_array(signature.args[0])(context, builder, args[0]).data
-    offset = context.cast(builder, args[1], signature.args[1], types.intp)
-    return builder.bitcast(builder.gep(data, [offset]), kind.as_pointer())
-
-
-@intrinsic
-def _pair(typingctx, array, offset):
-    """The 32 bits at element ``offset`` of a ``uint16`` array (one bfloat16 pair) in every lane."""
-
-    def codegen(context, builder, signature, args):
-        word = builder.load(_pointer(context, builder, signature, args, ir.IntType(32)), align=1)
-        one = builder.insert_element(ir.Constant(_WORDS, ir.Undefined), word, ir.IntType(32)(0))
-        every = builder.shuffle_vector(one, one, ir.Constant(_WORDS, [0] * lanes.LANES))
-        return builder.bitcast(every, ir.VectorType(ir.FloatType(), lanes.LANES))
-
-    return lanes.lanes(array, offset), codegen
-
-
-@intrinsic
-def _put(typingctx, array, offset, bits):
-    """Store the high halves of ``bits``' 16 lanes (:func:`.lanes.narrowed`'s bfloat16 bits) as 16
-    ``uint16`` from element ``offset``."""
-
-    def codegen(context, builder, signature, args):
-        words = builder.bitcast(args[2], _WORDS)
-        high = builder.trunc(builder.lshr(words, ir.Constant(_WORDS, [16] * lanes.LANES)), _HALVES)
-        builder.store(high, _pointer(context, builder, signature, args, _HALVES), align=1)
-        return context.get_dummy_value()
-
-    return types.void(array, offset, bits), codegen
-
 
 @intrinsic
 def _once(typingctx):
@@ -148,20 +111,9 @@ def linear_columns(x, arranged, bias, out):  # pragma: no cover - compiled
             _four(flat, width, arranged, whole - 1, half, target, n_out, COLUMNS * (whole - 1), biases, 0, 1)
     else:
         for lo in range(0, rows, BLOCK_ROWS):
+            hi = min(rows, lo + BLOCK_ROWS)
             for b in range(whole):
-                _block(
-                    flat,
-                    width,
-                    arranged,
-                    b,
-                    half,
-                    target,
-                    n_out,
-                    COLUMNS * b,
-                    biases,
-                    lo,
-                    min(rows, lo + BLOCK_ROWS),
-                )
+                _block(flat, width, arranged, b, half, target, n_out, COLUMNS * b, biases, lo, hi)
     if whole < blocks:  # the last columns, through a block of 32 aside
         aside = np.empty((rows + 12, COLUMNS), np.uint16)
         _block(flat, width, arranged, whole, half, aside.reshape(-1), COLUMNS, 0, biases, 0, rows)
@@ -189,15 +141,15 @@ def _block(flat, width, arranged, b, half, out, stride, col, biases, lo, hi):  #
 @njit(inline="always")
 def _two(a, c, w0, w1, flat, j):  # pragma: no cover - compiled
     """The two sums of one input row plus its pair at ``j`` times the two weight vectors."""
-    v = _pair(flat, j)
+    v = lanes.pair(flat, j)
     return lanes.dot(a, w0, v), lanes.dot(c, w1, v)
 
 
 @njit(inline="always")
 def _keep(out, at, a, c, biases, b):  # pragma: no cover - compiled
     """One row's two vectors of sums plus block ``b``'s bias, rounded, to ``out[at : at + 32]``."""
-    _put(out, at, lanes.narrowed(a + lanes.load(biases, COLUMNS * b)))
-    _put(out, at + 16, lanes.narrowed(c + lanes.load(biases, COLUMNS * b + 16)))
+    lanes.put(out, at, lanes.narrowed(a + lanes.load(biases, COLUMNS * b)))
+    lanes.put(out, at + 16, lanes.narrowed(c + lanes.load(biases, COLUMNS * b + 16)))
 
 
 @njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
@@ -304,7 +256,7 @@ def _one(flat, arranged, b, half, out, biases):  # pragma: no cover - compiled
     at, next_at = b * half * 2 * COLUMNS, (b + 1) * half * 2 * COLUMNS
     for p in range(half):
         _once()
-        v = _pair(flat, 2 * p)
+        v = lanes.pair(flat, 2 * p)
         a0 = lanes.dot(a0, lanes.load(arranged, at + 64 * p), v)
         a1 = lanes.dot(a1, lanes.load(arranged, at + 64 * p + 32), v)
         a2 = lanes.dot(a2, lanes.load(arranged, next_at + 64 * p), v)

@@ -172,8 +172,8 @@ class Streamable:
 class Streamed:
     """:func:`linear_rows` as a row kernel of :mod:`..models.packed_linear`: for a contiguous
     bfloat16 weight it keeps a :class:`Streamable` (views; the grouped or the arranged copy when
-    first read). It
-    takes products of up to ``rows`` rows (an engine's tuning sets it, up to :attr:`most`) and, if
+    first read). It takes products of up to ``rows`` rows (an engine's tuning sets it, up to
+    :attr:`most`) and, if
     ``wide`` (by default: where :func:`.widened.needed`, a CPU without bfloat16 arithmetic), those
     of more than :data:`LINEAR_ROWS` rows too; there, from :data:`.widened.WIDE_ROWS` rows on,
     four rows at a time (:mod:`.widened`): the row loop's bits. Where ``paired`` (a CPU with
@@ -302,22 +302,22 @@ def _loop(way: str) -> Callable[[int, int, Streamable, int], None]:
         quads = loop_rows.linear_quads_at
         return lambda x, rows, p, out: quads(x, rows, p.weight_bits, p.bias_bits, out)
     if way == "columns":
-        columns, arrange = loop_columns.linear_columns_at, loop_columns.arrange
+        return _reading(loop_columns.linear_columns_at, "arranged", loop_columns.arrange)
+    return _reading(loop_rows.linear_rows_at, "grouped", loop_rows.group)
 
-        def arranged(x: int, rows: int, p: Streamable, out: int) -> None:
-            if p.arranged is None:
-                p.arranged = arrange(p.weight_bits)
-            columns(x, rows, p.weight_bits, p.arranged, p.bias_bits, out)
 
-        return arranged
-    loop, group = loop_rows.linear_rows_at, loop_rows.group
+def _reading(loop: Callable[..., None], copy: str, make: Callable[[np.ndarray], np.ndarray]):
+    """``loop`` by address, reading ``prepared``'s attribute ``copy`` (made by ``make`` from the
+    weight's bits on the first call)."""
 
-    def grouped(x: int, rows: int, p: Streamable, out: int) -> None:
-        if p.grouped is None:
-            p.grouped = group(p.weight_bits)
-        loop(x, rows, p.weight_bits, p.grouped, p.bias_bits, out)
+    def run(x: int, rows: int, p: Streamable, out: int) -> None:
+        laid = getattr(p, copy)
+        if laid is None:
+            laid = make(p.weight_bits)
+            setattr(p, copy, laid)
+        loop(x, rows, p.weight_bits, laid, p.bias_bits, out)
 
-    return grouped
+    return run
 
 
 #: A bfloat16 row kernel taking all it can (an engine makes its own, to lower its rows).
